@@ -1,0 +1,3 @@
+from kope_mcp.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""The error tree for calls a model can fix.
+
+Every message starts with a stable code (``unknown_task: ...``) and says what is valid, so the calling model can
+correct its next call without guessing. Outcomes such as a compile error or a wrong answer are *not* errors: they
+come back as normal results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class KopeError(Exception):
+    """A call the model can fix; the message reaches the model verbatim."""
+
+    code = "kope_error"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{self.code}: {detail}")
+        self.detail = detail
+
+
+def _choices(valid: Iterable[str], limit: int = 60) -> str:
+    items = sorted(valid)
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
+
+
+class UnknownTaskError(KopeError):
+    code = "unknown_task"
+
+    def __init__(self, task_id: str, valid: Iterable[str]) -> None:
+        super().__init__(f"no task {task_id!r}; valid task ids: {_choices(valid)}")
+
+
+class UnknownFamilyError(KopeError):
+    code = "unknown_family"
+
+    def __init__(self, family: str, valid: Iterable[str]) -> None:
+        super().__init__(f"no family {family!r}; valid families: {_choices(valid)}")
+
+
+class UnknownKernelError(KopeError):
+    code = "unknown_kernel"
+
+    def __init__(self, kernel_id: str) -> None:
+        super().__init__(
+            f"no kernel {kernel_id!r}; kernel ids are returned by compile_kernel (they look like 'k-1a2b3c4d5e6f')"
+        )
+
+
+class UnknownSessionError(KopeError):
+    code = "unknown_session"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"no session {session_id!r}; omit session_id to start a new one, or pass one returned by compile_kernel"
+        )
+
+
+class UnknownBackendError(KopeError):
+    code = "unknown_backend"
+
+    def __init__(self, backend: str, valid: Iterable[str]) -> None:
+        super().__init__(f"no backend {backend!r}; valid backends: {_choices(valid)}")
+
+
+class SourceTooLargeError(KopeError):
+    code = "source_too_large"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the source is {size} bytes; the limit is {limit} bytes (256 KiB): send one kernel file")
+
+
+class RefusedFlagError(KopeError):
+    code = "refused_flag"
+
+    def __init__(self, flag: str, reason: str, allowed: str) -> None:
+        super().__init__(f"{flag!r} is refused: {reason}. Allowed: {allowed}")
+
+
+class TaskMismatchError(KopeError):
+    code = "task_mismatch"
+
+
+class NotTestedError(KopeError):
+    code = "not_tested"
+
+
+class NotCompiledError(KopeError):
+    code = "not_compiled"
+
+
+class TestsFailedError(KopeError):
+    code = "tests_failed"
+
+
+class InvalidTaskError(KopeError):
+    """A task folder that cannot be loaded; names the file and the field."""
+
+    code = "invalid_task"

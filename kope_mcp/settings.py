@@ -1,0 +1,40 @@
+"""Runtime settings, read from ``KOPE_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class KopeSettings(BaseModel):
+    home: Path = Field(description="Where everything is kept: builds, kernel records, logs (KOPE_HOME).")
+    max_source_bytes: int = Field(256 * 1024, description="Largest accepted kernel source (KOPE_MAX_SOURCE_BYTES).")
+    compile_timeout_s: float = Field(60.0, description="Wall-clock cap for one compilation.")
+    test_timeout_s: float = Field(30.0, description="Wall-clock cap for one run_tests child process.")
+    profile_time_cap_s: float = Field(3.0, description="Measurement time budget of profile_kernel (KOPE_PROFILE_S).")
+    memory_limit_bytes: int = Field(4 * 1024**3, description="Address-space limit of a kernel child process.")
+    compiler: str = Field("gcc", description="C compiler for the c backend (KOPE_CC).")
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> KopeSettings:
+        env = os.environ
+        values: dict[str, object] = {
+            "home": Path(env.get("KOPE_HOME", "~/.kope")).expanduser(),
+            "compiler": env.get("KOPE_CC", "gcc"),
+        }
+        if "KOPE_MAX_SOURCE_BYTES" in env:
+            values["max_source_bytes"] = int(env["KOPE_MAX_SOURCE_BYTES"])
+        if "KOPE_PROFILE_S" in env:
+            values["profile_time_cap_s"] = float(env["KOPE_PROFILE_S"])
+        values.update(overrides)
+        return cls.model_validate(values)
+
+    @property
+    def builds_dir(self) -> Path:
+        return self.home / "builds"
+
+    @property
+    def kernels_dir(self) -> Path:
+        return self.home / "kernels"

@@ -1,0 +1,1 @@
+"""Task specifications and the packaged task suite."""

@@ -1,0 +1,2 @@
+def reference(x, rows, cols):
+    return x.T.copy()
