@@ -1,0 +1,1 @@
+"""Kernel toolchains: one module per backend."""

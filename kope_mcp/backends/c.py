@@ -1,0 +1,186 @@
+"""The ``c`` backend: C kernels built by gcc (or clang) into a shared object, run on the CPU.
+
+The build is content-addressed (source, flags, prototype, compiler version) under ``KOPE_HOME/builds``, and the
+compiler itself runs in the sandbox as an unprivileged user, because ``#include "/etc/shadow"`` in untrusted
+source would otherwise leak files into diagnostics.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kope_mcp.backends.diagnostics import Diagnostic, parse_diagnostics
+from kope_mcp.backends.flags import validate_flags
+from kope_mcp.sandbox import SandboxLimits, make_private_dir, run_sandboxed, scrubbed_env
+from kope_mcp.tasks.loader import Task
+
+SOURCE_NAME = "kernel.c"
+PROTOTYPE_HEADER = "kope_prototype.h"
+ARTIFACT_NAME = "kernel.so"
+BASE_FLAGS = ("-std=gnu17", "-O2", "-Wall")
+_LOG_LIMIT = 6000
+
+
+@dataclass
+class BuildResult:
+    build_hash: str
+    ok: bool
+    diagnostics: list[Diagnostic]
+    log: str
+    seconds: float
+    cached: bool
+    artifact: Path | None
+    uses_openmp: bool
+    flags: list[str] = field(default_factory=list)
+
+
+@functools.cache
+def compiler_version(compiler: str) -> str | None:
+    """``gcc -dumpfullversion`` (None when the compiler does not run)."""
+    try:
+        out = subprocess.run([compiler, "-dumpfullversion", "-dumpversion"], capture_output=True, text=True,
+                             timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def prototype_header(task: Task) -> str:
+    # Declaring the expected prototype before the user's source makes gcc report "conflicting types for
+    # 'kernel'" when the definition does not match, without shifting the user's line numbers.
+    return (
+        "#include <stdint.h>\n#include <stddef.h>\n"
+        f"{task.spec.prototype};\n"
+    )
+
+
+def trim_log(text: str, build_dir: Path) -> str:
+    text = text.replace(str(build_dir) + "/", "").replace(str(build_dir), ".")
+    if len(text) > _LOG_LIMIT:
+        text = text[: _LOG_LIMIT // 2] + "\n[... log cut ...]\n" + text[-_LOG_LIMIT // 2 :]
+    return text
+
+
+class CpuCBackend:
+    name = "c"
+    language = "C17 (gnu17)"
+
+    def __init__(self, builds_dir: Path, compiler: str = "gcc", timeout_s: float = 60.0) -> None:
+        self.builds_dir = builds_dir
+        self.compiler = compiler
+        self.timeout_s = timeout_s
+
+    def build_hash(self, task: Task, source: str, flags: list[str]) -> str:
+        key = json.dumps(
+            {"backend": self.name, "cc": self.compiler, "cc_version": compiler_version(self.compiler),
+             "prototype": task.spec.prototype, "flags": flags, "base": BASE_FLAGS, "source": source},
+            sort_keys=True,
+        )
+        return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+    def compile(self, task: Task, source: str, flags: list[str] | None = None) -> BuildResult:
+        flags = validate_flags(list(flags or []))
+        digest = self.build_hash(task, source, flags)
+        final_dir = self.builds_dir / digest
+        cached = self._load_cached(final_dir)
+        if cached is not None:
+            return cached
+        return self._build(task, source, flags, digest, final_dir)
+
+    def compile_baseline(self, task: Task) -> BuildResult:
+        return self.compile(task, task.baseline_source, [])
+
+    def _load_cached(self, final_dir: Path) -> BuildResult | None:
+        meta = final_dir / "build.json"
+        if not meta.is_file():
+            return None
+        data = json.loads(meta.read_text())
+        artifact = final_dir / ARTIFACT_NAME
+        return BuildResult(
+            build_hash=data["build_hash"],
+            ok=data["ok"],
+            diagnostics=[Diagnostic(**d) for d in data["diagnostics"]],
+            log=data["log"],
+            seconds=data["seconds"],
+            cached=True,
+            artifact=artifact if data["ok"] and artifact.is_file() else None,
+            uses_openmp=data["uses_openmp"],
+            flags=data.get("flags", []),
+        )
+
+    def _build(self, task: Task, source: str, flags: list[str], digest: str, final_dir: Path) -> BuildResult:
+        work = make_private_dir(prefix="kope-cc-")
+        try:
+            (work / SOURCE_NAME).write_text(source, encoding="utf-8")
+            (work / PROTOTYPE_HEADER).write_text(prototype_header(task), encoding="utf-8")
+            for name in (SOURCE_NAME, PROTOTYPE_HEADER):
+                (work / name).chmod(0o644)
+            argv = [
+                self.compiler, *BASE_FLAGS, "-fPIC", "-shared", "-fdiagnostics-color=never",
+                "-include", PROTOTYPE_HEADER, *flags, SOURCE_NAME, "-o", ARTIFACT_NAME, "-lm",
+            ]
+            start = time.monotonic()
+            result = run_sandboxed(
+                argv,
+                cwd=work,
+                limits=SandboxLimits(wall_seconds=self.timeout_s, cpu_seconds=int(self.timeout_s) + 5,
+                                     address_space_bytes=4 * 1024**3, max_file_bytes=256 * 1024**2),
+                env=scrubbed_env(),
+            )
+            seconds = time.monotonic() - start
+            log = (result.stderr_tail + result.stdout_tail).strip()
+            if result.timed_out:
+                log += f"\ncompiler {result.describe()}"
+            diagnostics = parse_diagnostics(log, SOURCE_NAME)
+            ok = result.returncode == 0 and (work / ARTIFACT_NAME).is_file()
+            if ok and not _defines_kernel(work / ARTIFACT_NAME):
+                ok = False
+                diagnostics.append(Diagnostic(0, 0, "error", "the source does not define a function named `kernel` "
+                                              f"(expected: {task.spec.prototype})"))
+                log += "\nerror: no exported symbol `kernel` in the built library"
+            if not ok and not any(d.severity == "error" for d in diagnostics):
+                diagnostics.append(Diagnostic(0, 0, "error", f"compiler {result.describe()}"))
+            build = BuildResult(
+                build_hash=digest, ok=ok, diagnostics=diagnostics, log=trim_log(log, work), seconds=round(seconds, 3),
+                cached=False, artifact=None, uses_openmp="-fopenmp" in flags, flags=flags,
+            )
+            self._store(build, work, final_dir)
+            build.artifact = (final_dir / ARTIFACT_NAME) if ok else None
+            return build
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _store(self, build: BuildResult, work: Path, final_dir: Path) -> None:
+        self.builds_dir.mkdir(parents=True, exist_ok=True)
+        staging = self.builds_dir / f".tmp-{uuid.uuid4().hex}"
+        staging.mkdir()
+        if build.ok:
+            shutil.copyfile(work / ARTIFACT_NAME, staging / ARTIFACT_NAME)
+            (staging / ARTIFACT_NAME).chmod(0o755)
+        shutil.copyfile(work / SOURCE_NAME, staging / SOURCE_NAME)
+        meta = asdict(build)
+        meta["artifact"] = None
+        (staging / "build.json").write_text(json.dumps(meta, default=str, indent=1))
+        try:
+            os.rename(staging, final_dir)
+        except OSError:
+            # Another thread finished the same build first; its result is identical.
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _defines_kernel(library: Path) -> bool:
+    try:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True,
+                             timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return True  # without nm we cannot tell; the harness reports a missing symbol at run time
+    return any(line.split()[-1:] == ["kernel"] and " T " in f" {line} " for line in out.stdout.splitlines())
