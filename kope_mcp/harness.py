@@ -209,7 +209,8 @@ def run_profile(job: dict[str, Any], work: Path, progress: Progress) -> dict[str
         rounds += 1
         elapsed = time.perf_counter() - start
         if rounds >= min_rounds and (
-            elapsed >= cap or all(_relative_iqr(s) <= rel_iqr_goal for s in samples.values())
+            elapsed >= cap or all(_relative_iqr(samples[k]) <= rel_iqr_goal for k in ("candidate", "baseline")
+                                  if k in samples)
         ):
             break
     if _has_children():

@@ -96,6 +96,13 @@ class CpuCBackend:
             return cached
         return self._build(task, source, flags, digest, final_dir)
 
+    def artifact(self, build_hash: str) -> Path:
+        """The library of an earlier successful build (builds are kept; a wiped cache is a server error)."""
+        path = self.builds_dir / build_hash / ARTIFACT_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"build {build_hash} is missing from {self.builds_dir}; compile the kernel again")
+        return path
+
     def compile_baseline(self, task: Task) -> BuildResult:
         return self.compile(task, task.baseline_source, [])
 

@@ -1,0 +1,136 @@
+"""What this machine offers: CPU model, ISA extensions, cores, caches, compilers, OpenMP."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+# The ISA extensions a kernel author can act on; /proc/cpuinfo lists ~100 flags, most irrelevant here.
+_RELEVANT_ISA = (
+    "sse2", "sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2",
+    "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+    "avx_vnni", "amx_tile", "amx_bf16", "asimd", "sve", "sve2",
+)
+
+
+class CacheLevel(BaseModel):
+    level: int
+    type: str
+    size_kib: int
+    shared_by_cpus: int = 1
+
+
+class HardwareProfile(BaseModel):
+    """The CPU that kernels run on (recorded with every measurement)."""
+
+    key: str = Field(description="A short stable identifier, e.g. 'x86_64/AMD EPYC/2c/avx512f'.")
+    arch: str
+    cpu_model: str
+    cores: int = Field(description="Logical CPUs this process may use.")
+    isa: list[str] = Field(description="Relevant SIMD / ISA extensions.")
+    caches: list[CacheLevel]
+
+
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        if ":" in line:
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    return info
+
+
+def _caches() -> list[CacheLevel]:
+    levels: list[CacheLevel] = []
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(base.glob("index*")):
+        try:
+            size = (index / "size").read_text().strip()
+            kib = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[-1] in "KM" else int(size) // 1024
+            shared = (index / "shared_cpu_list").read_text().strip()
+            levels.append(CacheLevel(level=int((index / "level").read_text()), type=(index / "type").read_text()
+                                     .strip().lower(), size_kib=kib, shared_by_cpus=_count_cpus(shared)))
+        except (OSError, ValueError):
+            continue
+    return levels
+
+
+def _count_cpus(cpu_list: str) -> int:
+    total = 0
+    for part in cpu_list.split(","):
+        lo, _, hi = part.partition("-")
+        total += (int(hi) - int(lo) + 1) if hi else 1
+    return total
+
+
+@functools.cache
+def detect_hardware() -> HardwareProfile:
+    info = _cpuinfo()
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    isa = [f for f in _RELEVANT_ISA if f in flags]
+    model = info.get("model name") or info.get("Hardware") or platform.processor() or "unknown CPU"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    widest = next((f for f in ("avx512f", "avx2", "avx", "sve", "asimd", "sse4_2") if f in isa), "scalar")
+    return HardwareProfile(
+        key=f"{platform.machine()}/{model}/{cores}c/{widest}",
+        arch=platform.machine(),
+        cpu_model=model,
+        cores=cores,
+        isa=isa,
+        caches=_caches(),
+    )
+
+
+def last_level_cache_bytes(profile: HardwareProfile) -> int:
+    data = [c for c in profile.caches if c.type in ("data", "unified")]
+    return max((c.size_kib for c in data), default=0) * 1024
+
+
+class CompilerInfo(BaseModel):
+    name: str
+    path: str | None
+    version: str | None
+    openmp: bool
+
+
+def probe_compiler(name: str) -> CompilerInfo:
+    path = shutil.which(name)
+    if path is None:
+        return CompilerInfo(name=name, path=None, version=None, openmp=False)
+    try:
+        version = subprocess.run([name, "--version"], capture_output=True, text=True, timeout=20,
+                                 check=False).stdout.splitlines()[0]
+        probe = subprocess.run([name, "-fopenmp", "-x", "c", "-", "-o", os.devnull],
+                               input="#include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}\n",
+                               capture_output=True, text=True, timeout=60, check=False)
+        openmp = probe.returncode == 0
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return CompilerInfo(name=name, path=path, version=None, openmp=False)
+    return CompilerInfo(name=name, path=path, version=version, openmp=openmp)
+
+
+@functools.cache
+def copy_bandwidth_gbps() -> float:
+    """Single-thread memory copy bandwidth (read + write bytes per second), best of three 256 MiB copies."""
+    import time
+
+    import numpy as np
+
+    src = np.ones(64 * 1024**2, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best / 1e9

@@ -1,0 +1,155 @@
+"""Pydantic models for every tool's input and output: they are the JSON schemas MCP clients see."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from kope_mcp.hardware import HardwareProfile
+
+FailureKind = Literal["not_compiled", "crash", "timeout", "mismatch", "nan", "input_modified", "wrong_shape"]
+
+
+class TaskSummary(BaseModel):
+    id: str
+    family: str
+    level: int = Field(description="1 (plain element-wise) to 4 (fused multi-stage).")
+    summary: str
+
+
+class TaskList(BaseModel):
+    tasks: list[TaskSummary]
+    count: int
+    families: list[str] = Field(description="Every family name, for filtering.")
+
+
+class ArgumentInfo(BaseModel):
+    name: str
+    kind: Literal["in", "out", "size", "scalar"]
+    c_type: str
+    shape: list[str] = Field(default_factory=list, description="Extents, as expressions over the sizes.")
+    value: float | None = Field(None, description="The fixed value of a scalar argument.")
+
+
+class CaseInfo(BaseModel):
+    name: str
+    sizes: dict[str, int]
+
+
+class ToleranceInfo(BaseModel):
+    dtype: str
+    atol: float
+    rtol: float
+    rule: str = "passes when |got - expected| <= atol + rtol * |expected| for every element"
+
+
+class TaskDetail(BaseModel):
+    id: str
+    family: str
+    level: int
+    summary: str
+    description: str
+    prototype: str = Field(description="The exact C prototype your source must define.")
+    arguments: list[ArgumentInfo]
+    cases: list[CaseInfo] = Field(description="Correctness cases run by run_tests (each with 2 input seeds).")
+    profile_case: CaseInfo = Field(description="The size profile_kernel measures.")
+    tolerance: list[ToleranceInfo]
+    flops: str = Field(description="FLOP count per call as an expression over the sizes.")
+    bytes: str = Field(description="Minimum bytes moved per call, as an expression over the sizes.")
+    reference_source: str = Field(description="The numpy reference (ground truth) in Python.")
+    baseline_source: str = Field(description="The naive C baseline that speedups are measured against.")
+    rules: list[str]
+    backends: list[str]
+    default_flags: list[str] = Field(description="Flags always passed; yours are appended (a later -O wins).")
+
+
+class DiagnosticInfo(BaseModel):
+    line: int = Field(description="Line in your submitted source (0 when the message is not about a line of it).")
+    column: int
+    severity: Literal["error", "warning", "note"]
+    message: str
+
+
+class CompileResult(BaseModel):
+    kernel_id: str = Field(description="Pass this to run_tests, then profile_kernel.")
+    session_id: str = Field(description="Pass this back to compile_kernel to continue the same trajectory.")
+    task_id: str
+    ok: bool
+    diagnostics: list[DiagnosticInfo]
+    log: str = Field(description="Trimmed compiler output.")
+    seconds: float
+    cached: bool = Field(description="True when an identical build (same source, flags, task) was reused.")
+    flags: list[str]
+    parent_id: str | None = None
+    next_step: str
+
+
+class CaseResult(BaseModel):
+    name: str
+    sizes: dict[str, int]
+    passed: bool
+    max_abs_error: float | None = Field(None, description="Over finite elements; null when none was finite.")
+    max_rel_error: float | None = None
+    mismatches: int = Field(0, description="Elements outside the tolerance (unwritten and NaN ones included).")
+    unwritten: int = Field(0, description="Output elements the kernel never wrote (still hold the NaN poison).")
+    first_bad_index: int | None = Field(None, description="Flat (row-major) index of the first bad element.")
+    first_bad_output: str | None = None
+    expected: float | None = Field(None, description="Expected value at first_bad_index.")
+    got: float | None = Field(None, description="Value found at first_bad_index (NaN is shown as null).")
+    inputs_modified: list[str] = Field(default_factory=list)
+
+
+class TestReport(BaseModel):
+    kernel_id: str
+    task_id: str
+    passed: bool
+    failure: FailureKind | None = None
+    message: str = Field(description="One paragraph: what failed, where, and a likely cause.")
+    cases: list[CaseResult]
+    seeds_per_case: int
+    next_step: str
+
+
+class TimingStats(BaseModel):
+    median_s: float
+    iqr_s: float = Field(description="Interquartile range of the samples.")
+    ci95_low_s: float = Field(description="95% confidence interval of the median (order statistics).")
+    ci95_high_s: float
+    n: int = Field(description="Number of samples (each the mean of `calls_per_sample` back-to-back calls).")
+    calls_per_sample: int
+    relative_iqr: float
+
+
+class CostCounts(BaseModel):
+    """Deterministic counts from valgrind (the same on every run of the same binary and inputs)."""
+
+    tool: str
+    instructions: int
+    data_reads: int | None = None
+    data_writes: int | None = None
+    l1_data_misses: int | None = None
+    last_level_misses: int | None = None
+    baseline_instructions: int | None = None
+
+
+class ProfileReport(BaseModel):
+    kernel_id: str
+    task_id: str
+    case: CaseInfo
+    kernel: TimingStats
+    baseline: TimingStats
+    reference: TimingStats | None
+    speedup_vs_baseline: float = Field(description="Median of per-round ratios baseline/kernel (interleaved).")
+    speedup_vs_baseline_ci95: tuple[float, float]
+    speedup_vs_reference: float | None
+    gflops: float | None
+    gbytes_per_s: float | None
+    threads: int = Field(description="1, or the OpenMP thread count when compiled with -fopenmp.")
+    pinned_cpu: int | None
+    rounds: int
+    measure_seconds: float
+    hardware: HardwareProfile
+    warnings: list[str]
+    deterministic: CostCounts | None = None
+    next_step: str

@@ -1,0 +1,1 @@
+"""The workflow behind the MCP tools; nothing here knows about MCP."""

@@ -1,0 +1,103 @@
+"""Judge a kernel's outputs against the reference: tolerance, NaN poison, unchanged inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kope_mcp.harness import POISON_BITS
+from kope_mcp.models import CaseResult, FailureKind
+from kope_mcp.tasks.spec import Tolerance
+
+
+def _poisoned(arr: np.ndarray) -> np.ndarray:
+    if arr.dtype == np.float32:
+        return arr.view(np.uint32) == POISON_BITS
+    return np.zeros(arr.shape, dtype=bool)
+
+
+def compare_output(
+    name: str, got: np.ndarray, expected: np.ndarray, tol: Tolerance
+) -> tuple[int, int, int, float | None, float | None, int | None, float | None, float | None]:
+    """mismatches, unwritten, non-finite, max abs, max rel, first bad index, expected and got there."""
+    flat_got = got.reshape(-1)
+    got64 = flat_got.astype(np.float64)
+    exp = expected.reshape(-1)
+    unwritten = _poisoned(flat_got)
+    finite = np.isfinite(got64)
+    exp_finite = np.isfinite(exp)
+    err = np.abs(got64 - exp)
+    within = np.zeros(exp.shape, dtype=bool)
+    both = finite & exp_finite
+    within[both] = err[both] <= tol.atol + tol.rtol * np.abs(exp[both])
+    # A non-finite expected value is matched only by the same non-finite value.
+    same_special = ~exp_finite & ((np.isnan(exp) & np.isnan(got64)) | (got64 == exp))
+    within |= same_special
+    bad = ~within
+    nonfinite = int(np.count_nonzero(~finite & exp_finite & ~unwritten))
+    max_abs = float(err[both].max()) if both.any() else None
+    rel_mask = both & (np.abs(exp) > 0)
+    max_rel = float((err[rel_mask] / np.abs(exp[rel_mask])).max()) if rel_mask.any() else None
+    first = int(np.argmax(bad)) if bad.any() else None
+    exp_at = float(exp[first]) if first is not None and np.isfinite(exp[first]) else None
+    got_at = float(got64[first]) if first is not None and np.isfinite(got64[first]) else None
+    return int(bad.sum()), int(unwritten.sum()), nonfinite, max_abs, max_rel, first, exp_at, got_at
+
+
+def judge_case(
+    name: str,
+    sizes: dict[str, int],
+    outputs: dict[str, np.ndarray],
+    expected: list[np.ndarray],
+    output_names: list[str],
+    tolerances: dict[str, Tolerance],
+    inputs_modified: list[str],
+) -> tuple[CaseResult, FailureKind | None]:
+    result = CaseResult(name=name, sizes=sizes, passed=True, inputs_modified=inputs_modified)
+    failure: FailureKind | None = "input_modified" if inputs_modified else None
+    nonfinite_total = 0
+    for out_name, exp in zip(output_names, expected, strict=True):
+        got = outputs[out_name]
+        if got.size != exp.size:
+            result.passed = False
+            return result, "wrong_shape"
+        mism, unwritten, nonfinite, max_abs, max_rel, first, exp_at, got_at = compare_output(
+            out_name, got, exp, tolerances[str(got.dtype)]
+        )
+        nonfinite_total += nonfinite
+        result.mismatches += mism
+        result.unwritten += unwritten
+        result.max_abs_error = _max(result.max_abs_error, max_abs)
+        result.max_rel_error = _max(result.max_rel_error, max_rel)
+        if first is not None and result.first_bad_index is None:
+            result.first_bad_index, result.first_bad_output = first, out_name
+            result.expected, result.got = exp_at, got_at
+    if result.mismatches or inputs_modified:
+        result.passed = False
+        if failure is None:
+            failure = "nan" if nonfinite_total and nonfinite_total >= result.mismatches - result.unwritten \
+                else "mismatch"
+    return result, failure
+
+
+def merge_seeds(runs: list[CaseResult]) -> CaseResult:
+    """One line per case: the worst of its seeds (the first failing seed supplies the bad index)."""
+    merged = runs[0].model_copy(deep=True)
+    for other in runs[1:]:
+        merged.max_abs_error = _max(merged.max_abs_error, other.max_abs_error)
+        merged.max_rel_error = _max(merged.max_rel_error, other.max_rel_error)
+        merged.mismatches = max(merged.mismatches, other.mismatches)
+        merged.unwritten = max(merged.unwritten, other.unwritten)
+        merged.inputs_modified = sorted(set(merged.inputs_modified) | set(other.inputs_modified))
+        if merged.passed and not other.passed:
+            merged.first_bad_index, merged.first_bad_output = other.first_bad_index, other.first_bad_output
+            merged.expected, merged.got = other.expected, other.got
+        merged.passed = merged.passed and other.passed
+    return merged
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)

@@ -1,0 +1,322 @@
+"""The workbench: compile a candidate, test it against the reference, profile it against the baseline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from kope_mcp.backends.c import CpuCBackend
+from kope_mcp.backends.native_runner import NativeRunner, PreparedCase
+from kope_mcp.errors import (
+    NotCompiledError,
+    NotTestedError,
+    SourceTooLargeError,
+    TaskMismatchError,
+    TestsFailedError,
+    UnknownBackendError,
+)
+from kope_mcp.hardware import HardwareProfile, copy_bandwidth_gbps, detect_hardware, last_level_cache_bytes
+from kope_mcp.models import (
+    CaseInfo,
+    CaseResult,
+    CompileResult,
+    DiagnosticInfo,
+    FailureKind,
+    ProfileReport,
+    TestReport,
+)
+from kope_mcp.services.correctness import judge_case, merge_seeds
+from kope_mcp.services.kernel_store import KernelRecord, KernelStore, new_id, now
+from kope_mcp.services.stats import paired_speedup, summarize
+from kope_mcp.settings import KopeSettings
+from kope_mcp.tasks.loader import Task
+from kope_mcp.tasks.registry import TaskRegistry
+
+ProgressFn = Callable[[float, float, str], None]
+SEEDS_PER_CASE = 2
+NOISY_RELATIVE_IQR = 0.05
+IMPLAUSIBLE_SPEEDUP = 10.0
+
+
+def _noop(done: float, total: float, message: str) -> None:
+    return None
+
+
+class Workbench:
+    def __init__(self, settings: KopeSettings, tasks: TaskRegistry | None = None) -> None:
+        self.settings = settings
+        self.tasks = tasks or TaskRegistry.default()
+        self.store = KernelStore(settings.home)
+        self.backends = {"c": CpuCBackend(settings.builds_dir, settings.compiler, settings.compile_timeout_s)}
+        self.runner = NativeRunner(settings.memory_limit_bytes)
+        # Profiles never overlap: a second measurement on a 2-core machine would be the noisy neighbour.
+        self._measure_lock = threading.Lock()
+        self._expected_cache: dict[tuple[str, str, int], tuple[PreparedCase, list[np.ndarray]]] = {}
+        self._cache_lock = threading.Lock()
+
+    # --- compile -------------------------------------------------------------------------------------------
+    def compile_kernel(
+        self,
+        task_id: str,
+        source: str,
+        backend: str = "c",
+        session_id: str | None = None,
+        parent_id: str | None = None,
+        strategy: str | None = None,
+        flags: list[str] | None = None,
+        progress: ProgressFn = _noop,
+    ) -> CompileResult:
+        task = self.tasks.get(task_id)
+        if backend not in self.backends:
+            raise UnknownBackendError(backend, self.backends)
+        size = len(source.encode("utf-8"))
+        if size > self.settings.max_source_bytes:
+            raise SourceTooLargeError(size, self.settings.max_source_bytes)
+        parent = self.store.kernel(parent_id) if parent_id else None
+        if parent is not None and parent.task_id != task_id:
+            raise TaskMismatchError(f"parent {parent_id} is a kernel for task {parent.task_id!r}, not {task_id!r}")
+        if session_id is not None:
+            session = self.store.session(session_id)
+            if session.task_id != task_id:
+                raise TaskMismatchError(
+                    f"session {session_id} works on task {session.task_id!r}; omit session_id to start a "
+                    f"session for {task_id!r}"
+                )
+        elif parent is not None:
+            session = self.store.session(parent.session_id)
+        else:
+            session = self.store.create_session(task_id)
+        if parent is None:
+            parent = self.store.latest_in_session(session.session_id)
+        progress(0, 1, f"compiling for {task_id}")
+        build = self.backends[backend].compile(task, source, flags)
+        record = KernelRecord(
+            kernel_id=new_id("k"), session_id=session.session_id, task_id=task_id, backend=backend,
+            build_hash=build.build_hash, flags=build.flags, ok=build.ok, uses_openmp=build.uses_openmp,
+            parent_id=parent.kernel_id if parent else None, strategy=strategy, created_at=now(),
+        )
+        self.store.add_kernel(record)
+        progress(1, 1, "compiled" if build.ok else "compile failed")
+        errors = sum(1 for d in build.diagnostics if d.severity == "error")
+        return CompileResult(
+            kernel_id=record.kernel_id,
+            session_id=session.session_id,
+            task_id=task_id,
+            ok=build.ok,
+            diagnostics=[DiagnosticInfo(line=d.line, column=d.column, severity=d.severity, message=d.message)  # type: ignore[arg-type]
+                         for d in build.diagnostics],
+            log=build.log,
+            seconds=build.seconds,
+            cached=build.cached,
+            flags=build.flags,
+            parent_id=record.parent_id,
+            next_step=(
+                f"call run_tests(kernel_id='{record.kernel_id}')" if build.ok else
+                f"fix the {errors or 'reported'} error(s) at the listed lines and call compile_kernel again with "
+                f"session_id='{session.session_id}'"
+            ),
+        )
+
+    # --- test ----------------------------------------------------------------------------------------------
+    def _prepared(self, task: Task, case_index: int, seed: int) -> tuple[PreparedCase, list[np.ndarray]]:
+        key = (task.id, task.spec.cases[case_index].name, seed)
+        with self._cache_lock:
+            hit = self._expected_cache.get(key)
+        if hit is not None:
+            return hit
+        case = task.spec.cases[case_index]
+        inputs = task.make_inputs(case.sizes, task.case_seed(case, seed))
+        expected = task.run_reference(inputs, case.sizes)
+        value = (PreparedCase(name=case.name, sizes=case.sizes, inputs=inputs), expected)
+        with self._cache_lock:
+            self._expected_cache[key] = value
+        return value
+
+    def run_tests(self, kernel_id: str, progress: ProgressFn = _noop) -> TestReport:
+        record = self.store.kernel(kernel_id)
+        task = self.tasks.get(record.task_id)
+        if not record.ok:
+            report = TestReport(
+                kernel_id=kernel_id, task_id=task.id, passed=False, failure="not_compiled",
+                message="this kernel did not compile, so nothing was run", cases=[], seeds_per_case=SEEDS_PER_CASE,
+                next_step="fix the compile errors and call compile_kernel again",
+            )
+            self._save_test(record, report)
+            return report
+        progress(0, 3, "preparing inputs and reference outputs")
+        prepared = [self._prepared(task, i, s) for i in range(len(task.spec.cases)) for s in range(SEEDS_PER_CASE)]
+        build = self.backends[record.backend].artifact(record.build_hash)
+        progress(1, 3, f"running {len(prepared)} case runs in the sandbox")
+        outcome = self.runner.run_tests(task, build, [p for p, _ in prepared], self.settings.test_timeout_s,
+                                        record.uses_openmp)
+        progress(2, 3, "comparing with the reference")
+        if outcome.status != "ok":
+            failed = outcome.failed_case
+            sizes = next((c.sizes for c in task.spec.cases if c.name == failed), {})
+            report = TestReport(
+                kernel_id=kernel_id, task_id=task.id, passed=False,
+                failure="timeout" if outcome.status == "timeout" else "crash",
+                message=outcome.message,
+                cases=[CaseResult(name=failed, sizes=sizes, passed=False)] if failed else [],
+                seeds_per_case=SEEDS_PER_CASE,
+                next_step="fix the crash (check indices against the sizes in the failing case) and recompile",
+            )
+            self._save_test(record, report)
+            return report
+        per_case: dict[str, list[CaseResult]] = {}
+        failures: list[tuple[FailureKind, CaseResult]] = []
+        names = [a.name for a in task.outputs()]
+        for (case, expected), got, meta in zip(prepared, outcome.outputs, outcome.result["cases"], strict=True):
+            result, failure = judge_case(case.name, case.sizes, got, expected, names, task.spec.tolerance,
+                                         meta["inputs_modified"])
+            per_case.setdefault(case.name, []).append(result)
+            if failure:
+                failures.append((failure, result))
+        cases = [merge_seeds(runs) for runs in per_case.values()]
+        passed = not failures
+        failure = _worst(failures)
+        report = TestReport(
+            kernel_id=kernel_id, task_id=task.id, passed=passed, failure=failure,
+            message=_test_message(passed, failure, cases, task),
+            cases=cases, seeds_per_case=SEEDS_PER_CASE,
+            next_step=(f"call profile_kernel(kernel_id='{kernel_id}')" if passed else
+                       "fix the kernel (see the first bad index of the failing case) and compile it again"),
+        )
+        self._save_test(record, report)
+        progress(3, 3, "passed" if passed else f"failed: {failure}")
+        return report
+
+    def _save_test(self, record: KernelRecord, report: TestReport) -> None:
+        self.store.set_outcome(record.kernel_id, "test",
+                               {"passed": report.passed, "failure": report.failure, "message": report.message})
+
+    # --- profile -------------------------------------------------------------------------------------------
+    def profile_kernel(self, kernel_id: str, deterministic: bool = False,
+                       progress: ProgressFn = _noop) -> ProfileReport:
+        record = self.store.kernel(kernel_id)
+        if not record.ok:
+            raise NotCompiledError(f"kernel {kernel_id} did not compile; fix it and call compile_kernel again")
+        if record.test is None:
+            raise NotTestedError(f"kernel {kernel_id} has not been tested; call run_tests(kernel_id='{kernel_id}') "
+                                 "first: only a correct kernel is profiled")
+        if not record.test["passed"]:
+            raise TestsFailedError(f"kernel {kernel_id} failed run_tests ({record.test['failure']}); only a correct "
+                                   "kernel is profiled: fix it, recompile and test again")
+        task = self.tasks.get(record.task_id)
+        backend = self.backends[record.backend]
+        candidate = backend.artifact(record.build_hash)
+        baseline = backend.compile_baseline(task)
+        if baseline.artifact is None:
+            raise RuntimeError(f"the baseline of task {task.id} does not compile: {baseline.log}")
+        sizes = task.spec.profile.sizes
+        case = PreparedCase(task.spec.profile.name, sizes, task.make_inputs(sizes, task.case_seed(task.spec.profile)))
+        hardware = detect_hardware()
+        threads = hardware.cores if record.uses_openmp else 1
+        pin = None if record.uses_openmp else max(_allowed_cpus())
+        progress(0, 2, "waiting for the measurement slot")
+        queued = time.monotonic()
+        with self._measure_lock:
+            wait = time.monotonic() - queued
+            progress(1, 2, f"measuring kernel, baseline and reference interleaved (~{self.settings.profile_time_cap_s:g} s)")
+            outcome = self.runner.profile(
+                task, {"candidate": candidate, "baseline": baseline.artifact}, case,
+                time_cap_s=self.settings.profile_time_cap_s, with_reference=True, openmp=record.uses_openmp,
+                pin_cpu=pin, wall_s=self.settings.profile_time_cap_s * 4 + 60,
+            )
+        if outcome.status != "ok":
+            raise TestsFailedError(f"kernel {kernel_id} failed at the profiling size {sizes}: {outcome.message}. "
+                                   "It passed the small test cases; check indexing for large sizes")
+        samples, inner = outcome.result["samples"], outcome.result["inner"]
+        kernel_stats = summarize(samples["candidate"], inner["candidate"])
+        base_stats = summarize(samples["baseline"], inner["baseline"])
+        ref_stats = summarize(samples["reference"], inner["reference"]) if "reference" in samples else None
+        speedup, speedup_ci = paired_speedup(samples["baseline"], samples["candidate"])
+        speedup_ref = paired_speedup(samples["reference"], samples["candidate"])[0] if ref_stats else None
+        flops, nbytes = task.spec.flop_count(sizes), task.spec.byte_count(sizes)
+        median = kernel_stats.median_s
+        warnings = _profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
+                                     nbytes, median, threads, hardware)
+        if wait > 0.05:
+            warnings.append(f"waited {wait:.1f} s for another profile to finish (profiles never overlap)")
+        report = ProfileReport(
+            kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=case.name, sizes=sizes),
+            kernel=kernel_stats, baseline=base_stats, reference=ref_stats,
+            speedup_vs_baseline=speedup, speedup_vs_baseline_ci95=speedup_ci, speedup_vs_reference=speedup_ref,
+            gflops=flops / median / 1e9 if flops else None, gbytes_per_s=nbytes / median / 1e9 if nbytes else None,
+            threads=threads, pinned_cpu=pin, rounds=outcome.result["rounds"],
+            measure_seconds=round(outcome.result["seconds"], 3), hardware=hardware, warnings=warnings,
+            deterministic=None,
+            next_step=(
+                "record what you tried; try the next optimisation and compile it with parent_id="
+                f"'{kernel_id}'" if speedup >= 1.0 else
+                "this kernel is slower than the naive baseline: revert to a faster parent and try another idea"
+            ),
+        )
+        self.store.set_outcome(kernel_id, "profile", {
+            "median_s": median, "speedup_vs_baseline": speedup, "speedup_vs_reference": speedup_ref,
+            "relative_iqr": kernel_stats.relative_iqr, "hardware": hardware.key, "threads": threads,
+        })
+        progress(2, 2, f"speedup vs baseline {speedup:.2f}x")
+        return report
+
+
+def _allowed_cpus() -> set[int]:
+    import os
+
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
+
+
+_FAILURE_ORDER: tuple[FailureKind, ...] = ("crash", "timeout", "input_modified", "wrong_shape", "nan", "mismatch")
+
+
+def _worst(failures: list[tuple[FailureKind, CaseResult]]) -> FailureKind | None:
+    kinds = {f for f, _ in failures}
+    return next((k for k in _FAILURE_ORDER if k in kinds), None)
+
+
+def _test_message(passed: bool, failure: FailureKind | None, cases: list[CaseResult], task: Task) -> str:
+    if passed:
+        return f"all {len(cases)} cases passed ({SEEDS_PER_CASE} seeds each) within the tolerance"
+    bad = [c for c in cases if not c.passed]
+    first = bad[0]
+    parts = [f"{len(bad)} of {len(cases)} cases failed; first: {first.name!r} with sizes {first.sizes}"]
+    if failure == "input_modified":
+        parts.append(f"the kernel wrote into input(s) {', '.join(first.inputs_modified)}: inputs are read-only")
+    if first.mismatches:
+        parts.append(f"{first.mismatches} element(s) wrong, first at flat index {first.first_bad_index} of "
+                     f"{first.first_bad_output!r} (expected {first.expected}, got "
+                     f"{'NaN' if first.got is None else first.got})")
+    if first.unwritten:
+        parts.append(f"{first.unwritten} element(s) were never written (still NaN poison): a missing tail loop or "
+                     "a loop bound that stops early?")
+    elif failure == "nan":
+        parts.append("the kernel produced NaN or infinity where the reference is finite (overflow in exp? "
+                     "division by zero? uninitialised accumulator?)")
+    return "; ".join(parts)
+
+
+def _profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speedup_ci: tuple[float, float],
+                      nbytes: int, median: float, threads: int, hardware: HardwareProfile) -> list[str]:
+    warnings = []
+    if max(kernel_riqr, base_riqr) > NOISY_RELATIVE_IQR:
+        warnings.append(f"noisy measurement: relative IQR {kernel_riqr:.1%} (kernel) / {base_riqr:.1%} (baseline); "
+                        "another process may be busy, profile again before trusting small differences")
+    if speedup > IMPLAUSIBLE_SPEEDUP:
+        warnings.append(f"implausible speedup {speedup:.1f}x over the naive baseline: make sure the kernel does the "
+                        "whole computation at the profiling size (tests only cover small sizes)")
+    if speedup_ci[0] < 1.0 < speedup_ci[1]:
+        warnings.append(f"the speedup's 95% CI [{speedup_ci[0]:.3f}, {speedup_ci[1]:.3f}] contains 1: not "
+                        "measurably different from the baseline")
+    llc = last_level_cache_bytes(hardware)
+    if nbytes and llc and nbytes > 2 * llc:
+        roof = copy_bandwidth_gbps() * threads * 1.5
+        achieved = nbytes / median / 1e9
+        if achieved > roof:
+            warnings.append(f"faster than the memory roofline: {achieved:.1f} GB/s moved vs about "
+                            f"{roof / 1.5:.1f} GB/s measured copy bandwidth ({threads} thread(s)); suspicious")
+    if threads > 1:
+        warnings.append(f"the kernel used OpenMP on {threads} threads; the baseline and reference are single-threaded")
+    return warnings

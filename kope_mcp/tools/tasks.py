@@ -1,0 +1,42 @@
+"""list_tasks and get_task: the catalogue and everything needed to write one kernel."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from kope_mcp.models import TaskDetail, TaskList
+from kope_mcp.services.catalogue import describe_task, list_tasks
+from kope_mcp.tools._context import app_state, call_service
+
+_READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+
+
+def register(server: MCPServer[Any]) -> None:
+    @server.tool(name="list_tasks", title="List kernel tasks", annotations=_READ_ONLY)
+    async def list_tasks_tool(
+        ctx: Context[Any, Any],
+        family: Annotated[str | None, Field(description="Only this family, e.g. 'matmul', 'reduction'.")] = None,
+        level: Annotated[int | None, Field(ge=1, le=4, description="Only this difficulty level (1-4).")] = None,
+    ) -> TaskList:
+        """List the kernel optimisation tasks: one line each (id, family, level, summary).
+
+        Next: call get_task(task_id) for the prototype, reference and rules of the one you will work on.
+        """
+        return await call_service(ctx, list_tasks, app_state(ctx).workbench.tasks, family, level)
+
+    @server.tool(name="get_task", title="Get one task", annotations=_READ_ONLY)
+    async def get_task_tool(
+        ctx: Context[Any, Any],
+        task_id: Annotated[str, Field(description="A task id from list_tasks, e.g. 'matmul'.")],
+    ) -> TaskDetail:
+        """Everything needed to write the kernel: what it computes, the exact C prototype, the numpy reference,
+        the naive C baseline you must beat, the test cases and profiling size, the tolerance and the rules.
+
+        Next: write a C source defining `kernel` and call compile_kernel(task_id, source).
+        """
+        return await call_service(ctx, describe_task, app_state(ctx).workbench, task_id)

@@ -1,0 +1,82 @@
+"""compile_kernel, run_tests and profile_kernel: the compile -> test -> measure loop."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from kope_mcp.models import CompileResult, ProfileReport, TestReport
+from kope_mcp.tools._context import app_state, call_service
+
+KernelId = Annotated[str, Field(description="The kernel_id returned by compile_kernel.")]
+
+
+def register(server: MCPServer[Any]) -> None:
+    @server.tool(
+        name="compile_kernel",
+        title="Compile a candidate kernel",
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                    open_world_hint=False),
+    )
+    async def compile_kernel(
+        ctx: Context[Any, Any],
+        task_id: Annotated[str, Field(description="The task this kernel implements (see list_tasks).")],
+        source: Annotated[str, Field(description="The complete C source defining `kernel` (at most 256 KiB).")],
+        backend: Annotated[str, Field(description="Toolchain; 'c' (gcc, CPU) for now.")] = "c",
+        session_id: Annotated[str | None, Field(description="Continue this session; omit to start one.")] = None,
+        parent_id: Annotated[str | None, Field(
+            description="The kernel this one was derived from; default: the session's previous kernel.")] = None,
+        strategy: Annotated[str | None, Field(
+            description="The optimisation this attempt applies, e.g. 'OpenMP over rows', 'unroll by 4'.")] = None,
+        flags: Annotated[list[str] | None, Field(
+            description="Extra compiler flags from the allow-list, e.g. ['-O3', '-march=native', '-fopenmp'].")
+        ] = None,
+    ) -> CompileResult:
+        """Compile a candidate kernel for a task. Builds are cached by content (same source and flags: cached).
+
+        Returns kernel_id, session_id, ok, diagnostics with line numbers in your source, and the trimmed log.
+        A compile error is a normal result (ok=false): fix the lines it names and compile again with the same
+        session_id. Next on success: run_tests(kernel_id).
+        """
+        return await call_service(ctx, app_state(ctx).workbench.compile_kernel, task_id, source, backend,
+                                  session_id, parent_id, strategy, flags, progress=True)
+
+    @server.tool(
+        name="run_tests",
+        title="Test a kernel against the reference",
+        annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True, open_world_hint=False),
+    )
+    async def run_tests(ctx: Context[Any, Any], kernel_id: KernelId) -> TestReport:
+        """Run the kernel on every correctness case of its task (2 input seeds each, sizes including 1 and odd
+        tails) in a sandbox and compare with the numpy reference within the task's tolerance.
+
+        Returns passed, a failure kind (not_compiled, crash, timeout, mismatch, nan, input_modified,
+        wrong_shape) and per case the max abs/rel error, mismatches, unwritten elements and the first bad index.
+        Next: fix and recompile when it failed; profile_kernel(kernel_id) when it passed.
+        """
+        return await call_service(ctx, app_state(ctx).workbench.run_tests, kernel_id, progress=True)
+
+    @server.tool(
+        name="profile_kernel",
+        title="Measure a tested kernel",
+        annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False, open_world_hint=False),
+    )
+    async def profile_kernel(
+        ctx: Context[Any, Any],
+        kernel_id: KernelId,
+        deterministic: Annotated[bool, Field(
+            description="Also count instructions and cache misses with valgrind (repeatable, slower).")] = False,
+    ) -> ProfileReport:
+        """Time a kernel that passed run_tests at the task's profiling size, interleaved with the naive baseline
+        and the numpy reference in one pinned child process, until the timings are stable (about 3 s).
+
+        Returns median, IQR, 95% CI and n for each, speedup vs the baseline (with CI) and vs the reference,
+        GFLOP/s, GB/s, the hardware, and warnings (noisy, implausible, faster than memory allows). Refuses a
+        kernel that was not tested or failed. Next: keep it if faster than your best, then try the next idea.
+        """
+        return await call_service(ctx, app_state(ctx).workbench.profile_kernel, kernel_id, deterministic,
+                                  progress=True)
