@@ -1,0 +1,187 @@
+"""The ``kope`` command: serve, tasks, doctor, demo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+import time
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kope", description="kope-mcp: an MCP workbench for kernel optimisation.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the MCP server (stdio, for Claude Desktop and other clients)")
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    tasks = sub.add_parser("tasks", help="list the task suite, or show one task")
+    tasks.add_argument("action", nargs="?", choices=["show"], help="'show ID' prints one task in full")
+    tasks.add_argument("task_id", nargs="?")
+    tasks.add_argument("--family", help="only this family")
+    sub.add_parser("doctor", help="what this machine offers: compilers, OpenMP, ISA, caches, sandbox")
+    sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args.log_level)
+    if args.command == "tasks":
+        return _tasks(args.action, args.task_id, args.family)
+    if args.command == "doctor":
+        return _doctor()
+    return _demo()
+
+
+def _serve(log_level: str) -> int:
+    from kope_mcp.server import build_server, configure_logging
+
+    configure_logging(log_level)
+    build_server().run("stdio")
+    return 0
+
+
+def _tasks(action: str | None, task_id: str | None, family: str | None) -> int:
+    from kope_mcp.errors import KopeError
+    from kope_mcp.tasks.registry import TaskRegistry
+
+    registry = TaskRegistry.default()
+    for problem in registry.problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    try:
+        if action == "show":
+            if not task_id:
+                print("usage: kope tasks show TASK_ID", file=sys.stderr)
+                return 2
+            _print_task(registry.get(task_id))
+            return 0
+        found = registry.list(family)
+    except KopeError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"{'id':<14} {'family':<14} {'lvl':<3} summary")
+    for t in found:
+        print(f"{t.id:<14} {t.spec.family:<14} {t.spec.level:<3} {t.spec.summary}")
+    print(f"\n{len(found)} task(s). `kope tasks show ID` prints one in full.")
+    return 0
+
+
+def _print_task(task: Any) -> None:
+    spec = task.spec
+    print(f"# {spec.id} ({spec.family}, level {spec.level})\n\n{spec.description.strip()}\n")
+    print(f"Prototype:\n    {spec.prototype};\n")
+    print("Cases: " + "; ".join(f"{c.name} {c.sizes}" for c in spec.cases))
+    print(f"Profile: {spec.profile.name} {spec.profile.sizes}")
+    print("Tolerance: " + ", ".join(f"{d} atol={t.atol:g} rtol={t.rtol:g}" for d, t in spec.tolerance.items()))
+    print(f"FLOPs: {spec.flops}   bytes: {spec.bytes}\n")
+    print("Rules:\n" + "\n".join(textwrap.fill(r, 100, initial_indent="  - ", subsequent_indent="    ")
+                                  for r in spec.all_rules()))
+    print(f"\nReference (numpy):\n{textwrap.indent(task.reference_source, '    ')}")
+    print(f"Baseline (C):\n{textwrap.indent(task.baseline_source, '    ')}")
+
+
+def _doctor() -> int:
+    from kope_mcp.hardware import detect_hardware, probe_compiler
+    from kope_mcp.sandbox import capabilities
+    from kope_mcp.settings import KopeSettings
+
+    settings = KopeSettings.from_env()
+    hw = detect_hardware()
+    print("kope doctor\n")
+    print(f"CPU        {hw.cpu_model} ({hw.arch}), {hw.cores} logical CPU(s) available")
+    print(f"ISA        {' '.join(hw.isa) or '(none detected)'}")
+    print("Caches     " + ", ".join(f"L{c.level} {c.type} {c.size_kib} KiB" for c in hw.caches))
+    print(f"Hardware   {hw.key}")
+    working = 0
+    for name in dict.fromkeys([settings.compiler, "gcc", "clang"]):
+        info = probe_compiler(name)
+        if info.path is None:
+            print(f"Compiler   {name}: not found")
+            continue
+        working += info.version is not None
+        print(f"Compiler   {name}: {info.version or 'does not run'} at {info.path}; "
+              f"OpenMP {'yes' if info.openmp else 'no'}" + ("  (used by the c backend)" if name == settings.compiler
+                                                           else ""))
+    caps = capabilities()
+    print(f"Sandbox    rlimits {'yes' if caps.rlimits else 'NO'}, network isolation "
+          f"{'yes' if caps.network_isolation else 'NO'}, PID namespace {'yes' if caps.pid_namespace else 'NO'}, "
+          f"runs kernels as 'nobody' {'yes' if caps.privilege_drop else 'NO'}")
+    for note in caps.notes:
+        print(f"           note: {note}")
+    print(f"KOPE_HOME  {settings.home}")
+    if not working:
+        print("\nNo working C compiler: install gcc (Debian/Ubuntu: apt-get install gcc).", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _demo() -> int:
+    import anyio
+
+    return anyio.run(_demo_session)
+
+
+async def _demo_session() -> int:
+    from mcp import Client, StdioServerParameters
+
+    from kope_mcp.demo_sources import BROKEN_FAST_KERNEL, DEMO_TASK, FAST_FLAGS, FAST_KERNEL, FAST_STRATEGY
+
+    started = time.monotonic()
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "WARNING"],
+                                   env=dict(os.environ))
+
+    def step(text: str) -> None:
+        print(f"[{time.monotonic() - started:5.1f}s] {text}", flush=True)
+
+    async with Client(params) as client:
+        step(f"connected to {client.server_info.name if client.server_info else 'server'} over stdio")
+
+        async def call(tool: str, **arguments: Any) -> dict[str, Any]:
+            result = await client.call_tool(tool, arguments)
+            if result.is_error:
+                raise SystemExit(f"demo: {tool} failed: {result.content[0].text if result.content else '?'}")
+            assert result.structured_content is not None
+            return result.structured_content
+
+        listing = await call("list_tasks")
+        step(f"list_tasks: {listing['count']} tasks")
+        task = await call("get_task", task_id=DEMO_TASK)
+        step(f"get_task {DEMO_TASK}: {task['prototype']}")
+
+        base = await call("compile_kernel", task_id=DEMO_TASK, source=task["baseline_source"],
+                          strategy="naive baseline (i-j-k)")
+        session = base["session_id"]
+        step(f"compile naive kernel -> {base['kernel_id']} ok={base['ok']} ({base['seconds']:.2f} s)")
+        tested = await call("run_tests", kernel_id=base["kernel_id"])
+        step(f"run_tests: passed={tested['passed']} ({tested['message']})")
+        base_prof = await call("profile_kernel", kernel_id=base["kernel_id"])
+        step(f"profile naive: median {base_prof['kernel']['median_s'] * 1e3:.2f} ms, "
+             f"{base_prof['speedup_vs_baseline']:.2f}x vs baseline")
+
+        broken = await call("compile_kernel", task_id=DEMO_TASK, source=BROKEN_FAST_KERNEL, session_id=session,
+                            parent_id=base["kernel_id"], strategy=FAST_STRATEGY, flags=FAST_FLAGS)
+        first_error = next((d for d in broken["diagnostics"] if d["severity"] == "error"), None)
+        where = f"line {first_error['line']}: {first_error['message']}" if first_error else "no diagnostic"
+        step(f"compile optimised kernel -> ok={broken['ok']}, {where}")
+        fixed = await call("compile_kernel", task_id=DEMO_TASK, source=FAST_KERNEL, session_id=session,
+                           parent_id=base["kernel_id"], strategy=FAST_STRATEGY, flags=FAST_FLAGS)
+        step(f"compile fixed kernel -> {fixed['kernel_id']} ok={fixed['ok']}")
+        fixed_test = await call("run_tests", kernel_id=fixed["kernel_id"])
+        step(f"run_tests: passed={fixed_test['passed']} ({fixed_test['message']})")
+        if not fixed_test["passed"]:
+            return 1
+        fast = await call("profile_kernel", kernel_id=fixed["kernel_id"])
+        step(f"profile optimised: median {fast['kernel']['median_s'] * 1e3:.2f} ms")
+
+    lo, hi = fast["speedup_vs_baseline_ci95"]
+    print(textwrap.dedent(f"""
+        Summary ({DEMO_TASK}, {fast['case']['sizes']}, on {fast['hardware']['key']})
+          naive kernel      {base_prof['kernel']['median_s'] * 1e3:8.3f} ms   (IQR {base_prof['kernel']['iqr_s'] * 1e3:.3f} ms)
+          optimised kernel  {fast['kernel']['median_s'] * 1e3:8.3f} ms   (IQR {fast['kernel']['iqr_s'] * 1e3:.3f} ms), {fast['gflops']:.2f} GFLOP/s
+          numpy reference   {fast['reference']['median_s'] * 1e3:8.3f} ms
+          speedup vs naive baseline: {fast['speedup_vs_baseline']:.2f}x (95% CI {lo:.2f}-{hi:.2f}), measured interleaved
+          speedup vs numpy reference: {fast['speedup_vs_reference']:.2f}x
+          strategy: {FAST_STRATEGY}
+        """).rstrip())
+    for warning in fast["warnings"]:
+        print(f"  warning: {warning}")
+    print(f"\nDone in {time.monotonic() - started:.1f} s; data kept under {os.environ.get('KOPE_HOME', '~/.kope')}.")
+    return 0
