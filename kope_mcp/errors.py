@@ -91,7 +91,7 @@ class NotCompiledError(KopeError):
     code = "not_compiled"
 
 
-class TestsFailedError(KopeError):
+class FailedTestsError(KopeError):
     code = "tests_failed"
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from kope_mcp.sandbox import drop_privileges
 
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32, "int64": ctypes.c_int64}
-POISON_BITS = 0x7FA5A5A5  # a quiet NaN with a payload no arithmetic produces: "never written"
+POISON_BITS = 0x7FE5A5A5  # a quiet NaN with a payload no arithmetic produces: "never written"
 
 
 def _load_kernel(path: str, args: list[dict[str, Any]]) -> Any:
@@ -58,7 +58,7 @@ class Case:
     def poison(self) -> None:
         for arr in self.outputs.values():
             arr.view(np.uint32 if arr.itemsize == 4 else np.uint64).fill(
-                POISON_BITS if arr.itemsize == 4 else 0x7FF4A5A5A5A5A5A5
+                POISON_BITS if arr.itemsize == 4 else 0x7FFCA5A5A5A5A5A5
             )
 
     def restore_inputs(self) -> None:

@@ -15,7 +15,7 @@ from kope_mcp.errors import (
     NotTestedError,
     SourceTooLargeError,
     TaskMismatchError,
-    TestsFailedError,
+    FailedTestsError,
     UnknownBackendError,
 )
 from kope_mcp.hardware import HardwareProfile, copy_bandwidth_gbps, detect_hardware, last_level_cache_bytes
@@ -203,7 +203,7 @@ class Workbench:
             raise NotTestedError(f"kernel {kernel_id} has not been tested; call run_tests(kernel_id='{kernel_id}') "
                                  "first: only a correct kernel is profiled")
         if not record.test["passed"]:
-            raise TestsFailedError(f"kernel {kernel_id} failed run_tests ({record.test['failure']}); only a correct "
+            raise FailedTestsError(f"kernel {kernel_id} failed run_tests ({record.test['failure']}); only a correct "
                                    "kernel is profiled: fix it, recompile and test again")
         task = self.tasks.get(record.task_id)
         backend = self.backends[record.backend]
@@ -227,7 +227,7 @@ class Workbench:
                 pin_cpu=pin, wall_s=self.settings.profile_time_cap_s * 4 + 60,
             )
         if outcome.status != "ok":
-            raise TestsFailedError(f"kernel {kernel_id} failed at the profiling size {sizes}: {outcome.message}. "
+            raise FailedTestsError(f"kernel {kernel_id} failed at the profiling size {sizes}: {outcome.message}. "
                                    "It passed the small test cases; check indexing for large sizes")
         samples, inner = outcome.result["samples"], outcome.result["inner"]
         kernel_stats = summarize(samples["candidate"], inner["candidate"])

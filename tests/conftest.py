@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kope_mcp.services.workbench import Workbench
+from kope_mcp.settings import KopeSettings
+from kope_mcp.tasks.registry import TaskRegistry
+
+
+def make_settings(home: Path) -> KopeSettings:
+    # Short caps keep the suite fast; measurement quality is checked by tools/bench_profile.py, not here.
+    return KopeSettings.from_env(home=home, test_timeout_s=8.0, profile_time_cap_s=0.3)
+
+
+@pytest.fixture(scope="session")
+def registry() -> TaskRegistry:
+    return TaskRegistry.default()
+
+
+@pytest.fixture(scope="module")
+def workbench(tmp_path_factory: pytest.TempPathFactory, registry: TaskRegistry) -> Iterator[Workbench]:
+    yield Workbench(make_settings(tmp_path_factory.mktemp("kope-home")), registry)
+
+
+VECTOR_ADD_OK = """
+#include <stdint.h>
+void kernel(const float *a, const float *b, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+"""
+
+
+def vector_add_with_body(body: str, prelude: str = "") -> str:
+    """A vector_add kernel whose body is replaced, for failure-mode tests."""
+    return (
+        "#include <stdint.h>\n#include <stdlib.h>\n#include <unistd.h>\n#include <stdio.h>\n#include <math.h>\n"
+        f"{prelude}\nvoid kernel(const float *a, const float *b, float *out, int64_t n) {{\n{body}\n}}\n"
+    )

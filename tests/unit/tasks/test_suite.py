@@ -1,0 +1,59 @@
+"""Every packaged task is well formed, deterministic, and its naive baseline passes its own cases."""
+
+import numpy as np
+import pytest
+
+from kope_mcp.tasks.registry import FAMILIES, TaskRegistry
+
+REQUIRED_PROTOTYPES = {
+    "vector_add": "void kernel(const float *a, const float *b, float *out, int64_t n)",
+    "softmax": "void kernel(const float *x, float *y, int64_t rows, int64_t cols)",
+    "matmul": "void kernel(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K)",
+}
+TASK_IDS = sorted(t.id for t in TaskRegistry.default().list())
+
+
+def test_suite_loads_without_problems_and_covers_the_core_families(registry):
+    assert registry.problems == []
+    assert len(registry) >= 12
+    families = {t.spec.family for t in registry.list()}
+    assert {"elementwise", "reduction", "normalization", "matmul", "convolution", "scan", "data-movement"} <= families
+    assert families <= set(FAMILIES)
+
+
+@pytest.mark.parametrize("task_id", sorted(REQUIRED_PROTOTYPES))
+def test_required_tasks_have_the_contract_prototypes(registry, task_id):
+    assert registry.get(task_id).spec.prototype == REQUIRED_PROTOTYPES[task_id]
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_task_has_awkward_cases_and_costs(registry, task_id):
+    spec = registry.get(task_id).spec
+    assert len(spec.cases) >= 5
+    all_sizes = [v for c in spec.cases for v in c.sizes.values()]
+    assert any(v % 8 for v in all_sizes), "needs a size that is not a multiple of 8"
+    assert spec.byte_count(spec.profile.sizes) > 0
+    assert spec.flop_count(spec.profile.sizes) >= 0
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_reference_is_deterministic_per_seed(registry, task_id):
+    task = registry.get(task_id)
+    case = task.spec.cases[2]
+    first = task.run_reference(task.make_inputs(case.sizes, 7), case.sizes)
+    second = task.run_reference(task.make_inputs(case.sizes, 7), case.sizes)
+    other = task.make_inputs(case.sizes, 8)
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(x, y) for x, y in zip(task.make_inputs(case.sizes, 7).values(), other.values(),
+                                                         strict=True))
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_baseline_passes_its_own_cases(workbench, task_id):
+    task = workbench.tasks.get(task_id)
+    compiled = workbench.compile_kernel(task_id, task.baseline_source, strategy="baseline")
+    assert compiled.ok, compiled.log
+    report = workbench.run_tests(compiled.kernel_id)
+    assert report.passed, report.message
+    assert len(report.cases) == len(task.spec.cases)
