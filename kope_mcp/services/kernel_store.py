@@ -62,6 +62,11 @@ class KernelStore:
     def _replay(self) -> None:
         if not self._path.is_file():
             return
+        with self._path.open("rb+") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() and (fh.seek(-1, os.SEEK_END), fh.read(1))[1] != b"\n":
+                # Close a line torn by a crash so the next event is not glued onto it.
+                fh.write(b"\n")
         with self._path.open(encoding="utf-8") as fh:
             for line in fh:
                 try:

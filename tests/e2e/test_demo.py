@@ -1,0 +1,13 @@
+import os
+import subprocess
+import sys
+
+
+def test_kope_demo_runs_a_session_end_to_end_and_reports_a_speedup(tmp_path):
+    env = {**os.environ, "KOPE_HOME": str(tmp_path / "home"), "KOPE_PROFILE_S": "0.5"}
+    done = subprocess.run([sys.executable, "-m", "kope_mcp", "demo"], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok=False, line" in done.stdout  # the broken kernel's error is reported with its line
+    assert "speedup vs naive baseline" in done.stdout
+    assert (tmp_path / "home" / "journal.jsonl").is_file()

@@ -1,0 +1,35 @@
+"""One real `kope serve` subprocess over stdio: the way Claude Desktop runs it."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import anyio
+from mcp import Client, StdioServerParameters
+
+from tests.conftest import VECTOR_ADD_OK
+
+
+def test_a_stdio_client_can_compile_test_and_survive_a_crashing_kernel(tmp_path):
+    env = {**os.environ, "KOPE_HOME": str(tmp_path / "home"), "KOPE_PROFILE_S": "0.3"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "WARNING"],
+                                   env=env)
+
+    async def body():
+        with anyio.fail_after(120):
+            async with Client(params) as client:
+                assert client.server_info is not None and client.server_info.name == "kope-mcp"
+                crash = await client.call_tool("compile_kernel", {
+                    "task_id": "vector_add",
+                    "source": VECTOR_ADD_OK.replace("out[i] = a[i] + b[i];", "__builtin_trap();")})
+                tested = await client.call_tool("run_tests", {"kernel_id": crash.structured_content["kernel_id"]})
+                assert tested.structured_content["failure"] == "crash"
+                ok = await client.call_tool("compile_kernel", {"task_id": "vector_add", "source": VECTOR_ADD_OK})
+                kernel_id = ok.structured_content["kernel_id"]
+                assert (await client.call_tool("run_tests", {"kernel_id": kernel_id})).structured_content["passed"]
+                profile = await client.call_tool("profile_kernel", {"kernel_id": kernel_id})
+                assert not profile.is_error and profile.structured_content["speedup_vs_baseline"] > 0
+
+    anyio.run(body)
+    assert (tmp_path / "home" / "journal.jsonl").is_file()
