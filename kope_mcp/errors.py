@@ -95,6 +95,10 @@ class FailedTestsError(KopeError):
     code = "tests_failed"
 
 
+class DeterministicUnavailableError(KopeError):
+    code = "deterministic_unavailable"
+
+
 class InvalidTaskError(KopeError):
     """A task folder that cannot be loaded; names the file and the field."""
 

@@ -18,6 +18,7 @@ OS instead of filling the server's memory.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -227,10 +228,8 @@ def run_sandboxed(
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def drop_privileges() -> bool:

@@ -5,17 +5,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 from kope_mcp.backends.c import CpuCBackend
+from kope_mcp.backends.cost import count_kernel, valgrind_available
 from kope_mcp.backends.native_runner import NativeRunner, PreparedCase
 from kope_mcp.errors import (
+    DeterministicUnavailableError,
+    FailedTestsError,
     NotCompiledError,
     NotTestedError,
     SourceTooLargeError,
     TaskMismatchError,
-    FailedTestsError,
     UnknownBackendError,
 )
 from kope_mcp.hardware import HardwareProfile, copy_bandwidth_gbps, detect_hardware, last_level_cache_bytes
@@ -23,6 +26,7 @@ from kope_mcp.models import (
     CaseInfo,
     CaseResult,
     CompileResult,
+    CostCounts,
     DiagnosticInfo,
     FailureKind,
     ProfileReport,
@@ -39,6 +43,7 @@ ProgressFn = Callable[[float, float, str], None]
 SEEDS_PER_CASE = 2
 NOISY_RELATIVE_IQR = 0.05
 IMPLAUSIBLE_SPEEDUP = 10.0
+COST_TIMEOUT_S = 300.0
 
 
 def _noop(done: float, total: float, message: str) -> None:
@@ -189,6 +194,23 @@ class Workbench:
         progress(3, 3, "passed" if passed else f"failed: {failure}")
         return report
 
+    def _deterministic_costs(self, task: Task, candidate: Path, baseline: Path,
+                             case: PreparedCase) -> CostCounts | str:
+        if not valgrind_available():
+            raise DeterministicUnavailableError(
+                "valgrind is not installed on the server's machine; call profile_kernel with deterministic=false"
+            )
+        kernel = count_kernel(task, candidate, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S)
+        if isinstance(kernel, str):
+            return kernel
+        base = count_kernel(task, baseline, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S)
+        return CostCounts(
+            tool="valgrind callgrind (--toggle-collect=kernel --cache-sim=yes)",
+            instructions=kernel.instructions, data_reads=kernel.data_reads, data_writes=kernel.data_writes,
+            l1_data_misses=kernel.l1_data_misses, last_level_misses=kernel.last_level_misses,
+            baseline_instructions=base.instructions if not isinstance(base, str) else None,
+        )
+
     def _save_test(self, record: KernelRecord, report: TestReport) -> None:
         self.store.set_outcome(record.kernel_id, "test",
                                {"passed": report.passed, "failure": report.failure, "message": report.message})
@@ -220,12 +242,14 @@ class Workbench:
         queued = time.monotonic()
         with self._measure_lock:
             wait = time.monotonic() - queued
-            progress(1, 2, f"measuring kernel, baseline and reference interleaved (~{self.settings.profile_time_cap_s:g} s)")
+            cap = self.settings.profile_time_cap_s
+            progress(1, 2, f"measuring kernel, baseline and reference interleaved (~{cap:g} s)")
             outcome = self.runner.profile(
                 task, {"candidate": candidate, "baseline": baseline.artifact}, case,
                 time_cap_s=self.settings.profile_time_cap_s, with_reference=True, openmp=record.uses_openmp,
                 pin_cpu=pin, wall_s=self.settings.profile_time_cap_s * 4 + 60,
             )
+            costs = self._deterministic_costs(task, candidate, baseline.artifact, case) if deterministic else None
         if outcome.status != "ok":
             raise FailedTestsError(f"kernel {kernel_id} failed at the profiling size {sizes}: {outcome.message}. "
                                    "It passed the small test cases; check indexing for large sizes")
@@ -239,6 +263,8 @@ class Workbench:
         median = kernel_stats.median_s
         warnings = _profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
                                      nbytes, median, threads, hardware)
+        if isinstance(costs, str):
+            warnings.append(f"no deterministic counts: {costs}")
         if wait > 0.05:
             warnings.append(f"waited {wait:.1f} s for another profile to finish (profiles never overlap)")
         report = ProfileReport(
@@ -248,7 +274,7 @@ class Workbench:
             gflops=flops / median / 1e9 if flops else None, gbytes_per_s=nbytes / median / 1e9 if nbytes else None,
             threads=threads, pinned_cpu=pin, rounds=outcome.result["rounds"],
             measure_seconds=round(outcome.result["seconds"], 3), hardware=hardware, warnings=warnings,
-            deterministic=None,
+            deterministic=costs if isinstance(costs, CostCounts) else None,
             next_step=(
                 "record what you tried; try the next optimisation and compile it with parent_id="
                 f"'{kernel_id}'" if speedup >= 1.0 else

@@ -59,4 +59,6 @@ def _eval(node: ast.AST, sizes: Mapping[str, int], text: str) -> int:
         and not node.keywords
     ):
         return _FUNCTIONS[node.func.id](*(_eval(a, sizes, text) for a in node.args))
-    raise ExpressionError(f"unsupported syntax in size expression {text!r}: use integers, sizes, + - * // % **, min, max")
+    raise ExpressionError(
+        f"unsupported syntax in size expression {text!r}: use integers, sizes, + - * // % **, min, max"
+    )

@@ -45,7 +45,8 @@ class TaskRegistry:
                 log.warning("skipping task folder: %s", exc)
                 continue
             if task.id in self._tasks:
-                self.problems.append(f"{folder}: duplicate task id {task.id!r} (first from {self._tasks[task.id].folder})")
+                first = self._tasks[task.id].folder
+                self.problems.append(f"{folder}: duplicate task id {task.id!r} (first from {first})")
                 continue
             self._tasks[task.id] = task
 

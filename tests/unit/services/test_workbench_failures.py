@@ -5,11 +5,11 @@ import subprocess
 import pytest
 
 from kope_mcp.errors import (
+    FailedTestsError,
     NotTestedError,
     RefusedFlagError,
     SourceTooLargeError,
     TaskMismatchError,
-    FailedTestsError,
     UnknownKernelError,
     UnknownSessionError,
     UnknownTaskError,

@@ -27,7 +27,7 @@ def test_a_copied_folder_loads_as_a_new_task(tmp_path):
 def test_missing_file_is_named(tmp_path):
     folder = copy_task(tmp_path, "relu", "my_relu")
     (folder / "baseline.c").unlink()
-    with pytest.raises(InvalidTaskError, match="missing baseline.c"):
+    with pytest.raises(InvalidTaskError, match=r"missing baseline\.c"):
         load_task(folder)
 
 
