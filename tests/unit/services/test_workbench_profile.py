@@ -1,0 +1,34 @@
+"""profile_kernel's report: what was measured, on what, and under which conditions."""
+
+from kope_mcp.hardware import detect_hardware
+
+OPENMP_VECTOR_ADD = """#include <stdint.h>
+void kernel(const float *a, const float *b, float *out, int64_t n) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+"""
+
+
+def test_a_single_threaded_kernel_is_pinned_and_measured_against_baseline_and_reference(workbench):
+    task = workbench.tasks.get("relu")
+    compiled = workbench.compile_kernel("relu", task.baseline_source)
+    assert workbench.run_tests(compiled.kernel_id).passed
+    report = workbench.profile_kernel(compiled.kernel_id)
+    assert report.threads == 1 and report.pinned_cpu is not None
+    assert report.case.sizes == task.spec.profile.sizes
+    for stats in (report.kernel, report.baseline, report.reference):
+        assert stats is not None and stats.n >= 7 and stats.ci95_low_s <= stats.median_s <= stats.ci95_high_s
+    assert report.gbytes_per_s is not None and report.gbytes_per_s > 0
+    assert report.hardware.key == detect_hardware().key
+    assert workbench.store.kernel(compiled.kernel_id).profile["median_s"] == report.kernel.median_s
+
+
+def test_an_openmp_kernel_runs_on_every_core_and_the_report_says_so(workbench):
+    compiled = workbench.compile_kernel("vector_add", OPENMP_VECTOR_ADD, flags=["-O2", "-fopenmp"])
+    assert compiled.ok, compiled.log
+    assert workbench.run_tests(compiled.kernel_id).passed
+    report = workbench.profile_kernel(compiled.kernel_id)
+    assert report.threads == detect_hardware().cores and report.pinned_cpu is None
+    if report.threads > 1:
+        assert any("OpenMP" in w for w in report.warnings)
