@@ -58,6 +58,15 @@ class UnknownSessionError(KopeError):
         )
 
 
+class UnknownExperienceError(KopeError):
+    code = "unknown_experience"
+
+    def __init__(self, item_id: str) -> None:
+        super().__init__(
+            f"no experience {item_id!r}; ids look like 'k-...' (attempts), 'x-...' (lessons) or 's-...' (sessions)"
+        )
+
+
 class UnknownBackendError(KopeError):
     code = "unknown_backend"
 

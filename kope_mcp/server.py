@@ -32,7 +32,13 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
         from kope_mcp.services.workbench import Workbench
 
         settings.home.mkdir(parents=True, exist_ok=True)
-        yield AppState(workbench=Workbench(settings))
+        workbench = Workbench(settings)
+        workbench.memory.start()
+        try:
+            yield AppState(workbench=workbench)
+        finally:
+            workbench.memory.stop()
+            workbench.store.close()
 
     server: MCPServer[Any] = MCPServer(
         name="kope-mcp",

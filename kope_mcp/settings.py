@@ -16,6 +16,7 @@ class KopeSettings(BaseModel):
     profile_time_cap_s: float = Field(3.0, description="Measurement time budget of profile_kernel (KOPE_PROFILE_S).")
     memory_limit_bytes: int = Field(4 * 1024**3, description="Address-space limit of a kernel child process.")
     compiler: str = Field("gcc", description="C compiler for the c backend (KOPE_CC).")
+    embeddings: bool = Field(True, description="Semantic search with all-MiniLM-L6-v2 (KOPE_EMBEDDINGS=off).")
 
     @classmethod
     def from_env(cls, **overrides: object) -> KopeSettings:
@@ -23,6 +24,7 @@ class KopeSettings(BaseModel):
         values: dict[str, object] = {
             "home": Path(env.get("KOPE_HOME", "~/.kope")).expanduser(),
             "compiler": env.get("KOPE_CC", "gcc"),
+            "embeddings": env.get("KOPE_EMBEDDINGS", "on").lower() not in ("off", "0", "false", "no"),
         }
         if "KOPE_MAX_SOURCE_BYTES" in env:
             values["max_source_bytes"] = int(env["KOPE_MAX_SOURCE_BYTES"])
@@ -36,5 +38,5 @@ class KopeSettings(BaseModel):
         return self.home / "builds"
 
     @property
-    def kernels_dir(self) -> Path:
-        return self.home / "kernels"
+    def memory_path(self) -> Path:
+        return self.home / "memory.kuzu"

@@ -10,9 +10,10 @@ from kope_mcp.settings import KopeSettings
 from kope_mcp.tasks.registry import TaskRegistry
 
 
-def make_settings(home: Path) -> KopeSettings:
+def make_settings(home: Path, embeddings: bool = False) -> KopeSettings:
     # Short caps keep the suite fast; measurement quality is checked by tools/bench_profile.py, not here.
-    return KopeSettings.from_env(home=home, test_timeout_s=8.0, profile_time_cap_s=0.3)
+    # Embeddings are off unless a test is about semantic search (loading the model takes seconds).
+    return KopeSettings.from_env(home=home, test_timeout_s=8.0, profile_time_cap_s=0.3, embeddings=embeddings)
 
 
 @pytest.fixture(scope="session")

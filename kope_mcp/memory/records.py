@@ -1,0 +1,101 @@
+"""The rows of the experience graph, as typed records (the store maps them to Kùzu nodes)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class AgentInfo(BaseModel):
+    """Who produced an experience: the MCP client's name and version, and an optional label it set."""
+
+    name: str = "unknown"
+    version: str = ""
+    label: str | None = None
+
+    @property
+    def display(self) -> str:
+        base = f"{self.name} {self.version}".strip()
+        return f"{base} [{self.label}]" if self.label else base
+
+
+class SessionRecord(BaseModel):
+    session_id: str
+    task_id: str
+    hardware_key: str
+    agent: AgentInfo = Field(default_factory=AgentInfo)
+    created_at: str
+    incumbent_id: str | None = None
+    incumbent_speedup: float | None = None
+
+
+class AttemptRecord(BaseModel):
+    """One compile -> test -> profile step (the paper's Case)."""
+
+    kernel_id: str
+    session_id: str
+    task_id: str
+    family: str
+    hardware_key: str
+    backend: str
+    build_hash: str
+    source: str
+    source_hash: str
+    flags: list[str]
+    ok: bool = Field(description="Compiled.")
+    uses_openmp: bool
+    parent_id: str | None = None
+    strategy: str | None = None
+    strategy_id: str | None = None
+    opt_layer: str | None = None
+    created_at: str
+    agent: str = ""
+    error_signature: str | None = None
+    diagnostics_digest: str = ""
+    tested: bool = False
+    correct: bool | None = None
+    failure: str | None = None
+    failure_message: str = ""
+    median_s: float | None = None
+    speedup: float | None = Field(None, description="Versus the naive baseline, measured interleaved.")
+    speedup_ci_low: float | None = None
+    speedup_vs_reference: float | None = None
+    step_ratio: float | None = None
+    label: str = "unmeasured"
+    confidence: float = 0.0
+    downstream: float = 0.0
+    profile_warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def test(self) -> dict[str, object] | None:
+        """The latest run_tests outcome, as the workbench checks it."""
+        if not self.tested:
+            return None
+        return {"passed": bool(self.correct), "failure": self.failure, "message": self.failure_message}
+
+
+class LessonRecord(BaseModel):
+    """The agent's account of a step (record_experience), or an unmeasured piece of knowledge."""
+
+    lesson_id: str
+    text: str
+    strategy: str
+    strategy_id: str | None = None
+    opt_layer: str | None = None
+    rationale: str | None = None
+    task_id: str | None = None
+    family: str | None = None
+    hardware_key: str | None = None
+    attempt_id: str | None = None
+    verified: bool
+    label: str
+    step_ratio: float | None = None
+    speedup: float | None = None
+    confidence: float
+    agent: str = ""
+    created_at: str
+
+
+class StrategyRecord(BaseModel):
+    strategy_id: str
+    name: str
+    key: str

@@ -1,0 +1,354 @@
+"""KuzuExperienceStore: the only module that imports kuzu, and the only place with Cypher.
+
+One ``Database`` per path per process (two silently lose rows), one connection behind one lock (Kùzu allows a
+single writer and fails a second at once instead of waiting), no explicit multi-statement transactions (a
+failed one poisoned its connection), indexes created once by a numbered migration and never dropped.
+Embeddings live in their own table without a vector index (an indexed column cannot be SET) and are searched
+by numpy brute force, which is as fast as HNSW at these sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kuzu
+
+from kope_mcp.errors import UnknownExperienceError, UnknownKernelError, UnknownSessionError
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
+
+EMBEDDING_DIM = 384
+
+_ATTEMPT_COLUMNS: dict[str, str] = {
+    "kernel_id": "STRING", "session_id": "STRING", "task_id": "STRING", "family": "STRING",
+    "hardware_key": "STRING", "backend": "STRING", "build_hash": "STRING", "source": "STRING",
+    "source_hash": "STRING", "flags": "STRING", "ok": "BOOLEAN", "uses_openmp": "BOOLEAN", "parent_id": "STRING",
+    "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING", "created_at": "STRING", "agent": "STRING",
+    "error_signature": "STRING", "diagnostics_digest": "STRING", "tested": "BOOLEAN", "correct": "BOOLEAN",
+    "failure": "STRING", "failure_message": "STRING", "median_s": "DOUBLE", "speedup": "DOUBLE",
+    "speedup_ci_low": "DOUBLE", "speedup_vs_reference": "DOUBLE", "step_ratio": "DOUBLE", "label": "STRING",
+    "confidence": "DOUBLE", "downstream": "DOUBLE", "profile_warnings": "STRING", "search_text": "STRING",
+}
+_LESSON_COLUMNS: dict[str, str] = {
+    "lesson_id": "STRING", "text": "STRING", "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING",
+    "rationale": "STRING", "task_id": "STRING", "family": "STRING", "hardware_key": "STRING",
+    "attempt_id": "STRING", "verified": "BOOLEAN", "label": "STRING", "step_ratio": "DOUBLE", "speedup": "DOUBLE",
+    "confidence": "DOUBLE", "agent": "STRING", "created_at": "STRING", "search_text": "STRING",
+}
+_JSON_FIELDS = ("flags", "profile_warnings")
+
+
+def _table(name: str, columns: dict[str, str], key: str) -> str:
+    body = ", ".join(f"{col} {typ}" for col, typ in columns.items())
+    return f"CREATE NODE TABLE {name}({body}, PRIMARY KEY ({key}))"
+
+
+# Numbered migrations; each runs once and is recorded in KopeMigration.
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (1, "experience graph v1", [
+        "CREATE NODE TABLE Task(id STRING, family STRING, level INT64, summary STRING, PRIMARY KEY (id))",
+        "CREATE NODE TABLE Hardware(key STRING, arch STRING, cpu_model STRING, cores INT64, isa STRING, "
+        "caches STRING, PRIMARY KEY (key))",
+        "CREATE NODE TABLE Session(session_id STRING, task_id STRING, hardware_key STRING, agent_name STRING, "
+        "agent_version STRING, agent_label STRING, created_at STRING, incumbent_id STRING, "
+        "incumbent_speedup DOUBLE, PRIMARY KEY (session_id))",
+        _table("Attempt", _ATTEMPT_COLUMNS, "kernel_id"),
+        "CREATE NODE TABLE Strategy(strategy_id STRING, name STRING, key STRING, created_at STRING, "
+        "PRIMARY KEY (strategy_id))",
+        _table("Lesson", _LESSON_COLUMNS, "lesson_id"),
+        f"CREATE NODE TABLE Embedding(id STRING, kind STRING, model STRING, vector FLOAT[{EMBEDDING_DIM}], "
+        "PRIMARY KEY (id))",
+        "CREATE REL TABLE PREV(FROM Attempt TO Attempt)",
+        "CREATE REL TABLE IN_SESSION(FROM Attempt TO Session)",
+        "CREATE REL TABLE FOR_TASK(FROM Session TO Task, FROM Attempt TO Task)",
+        "CREATE REL TABLE ON_HARDWARE(FROM Session TO Hardware, FROM Attempt TO Hardware)",
+        "CREATE REL TABLE APPLIED(FROM Attempt TO Strategy)",
+        "CREATE REL TABLE FROM_ATTEMPT(FROM Lesson TO Attempt)",
+        "CREATE REL TABLE ABOUT(FROM Lesson TO Strategy, FROM Lesson TO Task)",
+        "CALL CREATE_FTS_INDEX('Attempt', 'attempt_fts', ['search_text'])",
+        "CALL CREATE_FTS_INDEX('Lesson', 'lesson_fts', ['search_text'])",
+    ]),
+]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class KuzuExperienceStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = kuzu.Database(str(path))
+        self._conn = kuzu.Connection(self._db)
+        self._lock = threading.RLock()
+        self._migrate()
+
+    # --- plumbing ------------------------------------------------------------------------------------------
+    def _rows(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            result = self._conn.execute(query, params or {})
+            assert not isinstance(result, list)
+            names = result.get_column_names()
+            return [dict(zip(names, row, strict=True)) for row in result.get_all()]
+
+    def _exec(self, query: str, params: dict[str, Any] | None = None) -> None:
+        with self._lock:
+            self._conn.execute(query, params or {})
+
+    def _migrate(self) -> None:
+        with self._lock:
+            tables = {row["name"] for row in self._rows("CALL show_tables() RETURN name")}
+            if "KopeMigration" not in tables:
+                self._exec("CREATE NODE TABLE KopeMigration(version INT64, name STRING, applied_at STRING, "
+                           "PRIMARY KEY (version))")
+            done = {row["v"] for row in self._rows("MATCH (m:KopeMigration) RETURN m.version AS v")}
+            for version, name, statements in MIGRATIONS:
+                if version in done:
+                    continue
+                for statement in statements:
+                    self._exec(statement)
+                self._exec("CREATE (:KopeMigration {version: $v, name: $n, applied_at: $t})",
+                           {"v": version, "n": name, "t": _now()})
+
+    def schema_version(self) -> int:
+        return max((row["v"] for row in self._rows("MATCH (m:KopeMigration) RETURN m.version AS v")), default=0)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+            self._db.close()
+
+    # --- tasks and hardware --------------------------------------------------------------------------------
+    def upsert_task(self, task_id: str, family: str, level: int, summary: str) -> None:
+        self._exec("MERGE (t:Task {id: $id}) SET t.family = $f, t.level = $l, t.summary = $s",
+                   {"id": task_id, "f": family, "l": level, "s": summary})
+
+    def upsert_hardware(self, key: str, arch: str, cpu_model: str, cores: int, isa: list[str],
+                        caches: list[dict[str, Any]]) -> None:
+        self._exec("MERGE (h:Hardware {key: $k}) SET h.arch = $a, h.cpu_model = $m, h.cores = $c, h.isa = $i, "
+                   "h.caches = $ca", {"k": key, "a": arch, "m": cpu_model, "c": cores, "i": json.dumps(isa),
+                                      "ca": json.dumps(caches)})
+
+    def hardware_keys(self) -> list[str]:
+        return [r["k"] for r in self._rows("MATCH (h:Hardware) RETURN h.key AS k ORDER BY k")]
+
+    # --- sessions ------------------------------------------------------------------------------------------
+    def add_session(self, record: SessionRecord) -> None:
+        with self._lock:
+            self._exec(
+                "CREATE (:Session {session_id: $id, task_id: $t, hardware_key: $h, agent_name: $an, "
+                "agent_version: $av, agent_label: $al, created_at: $c, incumbent_id: $ii, incumbent_speedup: $is})",
+                {"id": record.session_id, "t": record.task_id, "h": record.hardware_key, "an": record.agent.name,
+                 "av": record.agent.version, "al": record.agent.label, "c": record.created_at,
+                 "ii": record.incumbent_id, "is": record.incumbent_speedup},
+            )
+            self._exec("MATCH (s:Session {session_id: $id}), (t:Task {id: $t}) CREATE (s)-[:FOR_TASK]->(t)",
+                       {"id": record.session_id, "t": record.task_id})
+            self._exec("MATCH (s:Session {session_id: $id}), (h:Hardware {key: $h}) CREATE (s)-[:ON_HARDWARE]->(h)",
+                       {"id": record.session_id, "h": record.hardware_key})
+
+    def session(self, session_id: str) -> SessionRecord:
+        rows = self._rows("MATCH (s:Session {session_id: $id}) RETURN s", {"id": session_id})
+        if not rows:
+            raise UnknownSessionError(session_id)
+        return _session(rows[0]["s"])
+
+    def set_incumbent(self, session_id: str, kernel_id: str, speedup: float) -> None:
+        self._exec("MATCH (s:Session {session_id: $id}) SET s.incumbent_id = $k, s.incumbent_speedup = $v",
+                   {"id": session_id, "k": kernel_id, "v": speedup})
+
+    def sessions(self, task_id: str | None = None) -> list[SessionRecord]:
+        where = "WHERE s.task_id = $t " if task_id else ""
+        return [_session(r["s"]) for r in self._rows(f"MATCH (s:Session) {where}RETURN s ORDER BY s.created_at",
+                                                     {"t": task_id} if task_id else {})]
+
+    # --- attempts ------------------------------------------------------------------------------------------
+    def add_attempt(self, record: AttemptRecord) -> None:
+        props = _attempt_props(record)
+        assignments = ", ".join(f"{k}: ${k}" for k in props)
+        with self._lock:
+            self._exec(f"CREATE (:Attempt {{{assignments}}})", props)
+            self._exec("MATCH (a:Attempt {kernel_id: $k}), (s:Session {session_id: $s}) CREATE (a)-[:IN_SESSION]->(s)",
+                       {"k": record.kernel_id, "s": record.session_id})
+            self._exec("MATCH (a:Attempt {kernel_id: $k}), (t:Task {id: $t}) CREATE (a)-[:FOR_TASK]->(t)",
+                       {"k": record.kernel_id, "t": record.task_id})
+            self._exec("MATCH (a:Attempt {kernel_id: $k}), (h:Hardware {key: $h}) CREATE (a)-[:ON_HARDWARE]->(h)",
+                       {"k": record.kernel_id, "h": record.hardware_key})
+            if record.parent_id:
+                self._exec("MATCH (a:Attempt {kernel_id: $k}), (p:Attempt {kernel_id: $p}) CREATE (a)-[:PREV]->(p)",
+                           {"k": record.kernel_id, "p": record.parent_id})
+            if record.strategy_id:
+                self.link_strategy("Attempt", record.kernel_id, record.strategy_id)
+
+    def update_attempt(self, kernel_id: str, **fields: Any) -> None:
+        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in fields.items()}
+        unknown = set(values) - set(_ATTEMPT_COLUMNS)
+        if unknown:
+            raise ValueError(f"not attempt columns: {sorted(unknown)}")
+        assignments = ", ".join(f"a.{k} = ${k}" for k in values)
+        self._exec(f"MATCH (a:Attempt {{kernel_id: $__id}}) SET {assignments}", {"__id": kernel_id, **values})
+
+    def attempt(self, kernel_id: str) -> AttemptRecord:
+        rows = self._rows("MATCH (a:Attempt {kernel_id: $k}) RETURN a", {"k": kernel_id})
+        if not rows:
+            raise UnknownKernelError(kernel_id)
+        return _attempt(rows[0]["a"])
+
+    def attempts(self, where: str = "", params: dict[str, Any] | None = None, order: str = "a.created_at",
+                 limit: int | None = None) -> list[AttemptRecord]:
+        """Attempts matching a WHERE clause over ``a`` (built by callers in services/memory, never from input)."""
+        clause = f"WHERE {where} " if where else ""
+        tail = f" LIMIT {int(limit)}" if limit else ""
+        return [_attempt(r["a"]) for r in self._rows(f"MATCH (a:Attempt) {clause}RETURN a ORDER BY {order}{tail}",
+                                                     params)]
+
+    def latest_in_session(self, session_id: str) -> AttemptRecord | None:
+        found = self.attempts("a.session_id = $s", {"s": session_id}, order="a.created_at DESC", limit=1)
+        return found[0] if found else None
+
+    def successors(self, kernel_id: str) -> list[AttemptRecord]:
+        return [_attempt(r["c"]) for r in self._rows(
+            "MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: $k}) RETURN c ORDER BY c.created_at", {"k": kernel_id})]
+
+    def fixes_of(self, kernel_ids: list[str]) -> dict[str, AttemptRecord]:
+        """For each failing attempt, its first successor that got further (compiled, or passed its tests)."""
+        rows = self._rows(
+            "MATCH (c:Attempt)-[:PREV]->(p:Attempt) WHERE p.kernel_id IN $ids AND c.ok = true AND "
+            "(p.ok = false OR c.correct = true) RETURN p.kernel_id AS p, c ORDER BY c.created_at",
+            {"ids": kernel_ids},
+        )
+        fixes: dict[str, AttemptRecord] = {}
+        for row in rows:
+            fixes.setdefault(row["p"], _attempt(row["c"]))
+        return fixes
+
+    # --- strategies and lessons ----------------------------------------------------------------------------
+    def strategies(self) -> list[StrategyRecord]:
+        return [StrategyRecord(strategy_id=r["i"], name=r["n"], key=r["k"]) for r in self._rows(
+            "MATCH (s:Strategy) RETURN s.strategy_id AS i, s.name AS n, s.key AS k ORDER BY s.created_at")]
+
+    def add_strategy(self, record: StrategyRecord) -> None:
+        self._exec("CREATE (:Strategy {strategy_id: $i, name: $n, key: $k, created_at: $c})",
+                   {"i": record.strategy_id, "n": record.name, "k": record.key, "c": _now()})
+
+    def link_strategy(self, table: str, node_id: str, strategy_id: str) -> None:
+        key, rel = ("kernel_id", "APPLIED") if table == "Attempt" else ("lesson_id", "ABOUT")
+        self._exec(f"MATCH (n:{table} {{{key}: $n}}), (s:Strategy {{strategy_id: $s}}) MERGE (n)-[:{rel}]->(s)",
+                   {"n": node_id, "s": strategy_id})
+
+    def add_lesson(self, record: LessonRecord, search_text: str) -> None:
+        props = {**record.model_dump(), "search_text": search_text}
+        assignments = ", ".join(f"{k}: ${k}" for k in props)
+        with self._lock:
+            self._exec(f"CREATE (:Lesson {{{assignments}}})", props)
+            if record.attempt_id:
+                self._exec("MATCH (l:Lesson {lesson_id: $l}), (a:Attempt {kernel_id: $a}) "
+                           "CREATE (l)-[:FROM_ATTEMPT]->(a)", {"l": record.lesson_id, "a": record.attempt_id})
+            if record.strategy_id:
+                self.link_strategy("Lesson", record.lesson_id, record.strategy_id)
+            if record.task_id:
+                self._exec("MATCH (l:Lesson {lesson_id: $l}), (t:Task {id: $t}) CREATE (l)-[:ABOUT]->(t)",
+                           {"l": record.lesson_id, "t": record.task_id})
+
+    def lesson(self, lesson_id: str) -> LessonRecord:
+        rows = self._rows("MATCH (l:Lesson {lesson_id: $l}) RETURN l", {"l": lesson_id})
+        if not rows:
+            raise UnknownExperienceError(lesson_id)
+        return _lesson(rows[0]["l"])
+
+    def lessons(self, where: str = "", params: dict[str, Any] | None = None,
+                limit: int | None = None) -> list[LessonRecord]:
+        clause = f"WHERE {where} " if where else ""
+        tail = f" LIMIT {int(limit)}" if limit else ""
+        return [_lesson(r["l"]) for r in self._rows(
+            f"MATCH (l:Lesson) {clause}RETURN l ORDER BY l.created_at DESC{tail}", params)]
+
+    # --- text and vector search ----------------------------------------------------------------------------
+    def full_text(self, query: str, limit: int) -> list[tuple[str, str, float]]:
+        """BM25 over attempts and lessons: (kind, id, score)."""
+        hits: list[tuple[str, str, float]] = []
+        for table, index, key, kind in (("Attempt", "attempt_fts", "kernel_id", "attempt"),
+                                        ("Lesson", "lesson_fts", "lesson_id", "lesson")):
+            rows = self._rows(
+                f"CALL QUERY_FTS_INDEX('{table}', '{index}', $q) RETURN node.{key} AS id, score "
+                f"ORDER BY score DESC LIMIT {int(limit)}", {"q": query})
+            hits += [(kind, r["id"], float(r["score"])) for r in rows]
+        return hits
+
+    def set_embedding(self, item_id: str, kind: str, model: str, vector: list[float]) -> None:
+        self._exec("MERGE (e:Embedding {id: $i}) SET e.kind = $k, e.model = $m, e.vector = $v",
+                   {"i": item_id, "k": kind, "m": model, "v": vector})
+
+    def embeddings(self) -> Iterator[tuple[str, str, list[float]]]:
+        for row in self._rows("MATCH (e:Embedding) RETURN e.id AS i, e.kind AS k, e.vector AS v"):
+            yield row["i"], row["k"], row["v"]
+
+    def unembedded(self, limit: int = 1000) -> list[tuple[str, str, str]]:
+        """(kind, id, search_text) of items that have no embedding yet (e.g. recorded before the model loaded)."""
+        out: list[tuple[str, str, str]] = []
+        for table, key, kind in (("Attempt", "kernel_id", "attempt"), ("Lesson", "lesson_id", "lesson")):
+            rows = self._rows(
+                f"MATCH (n:{table}) WHERE NOT EXISTS {{ MATCH (e:Embedding) WHERE e.id = n.{key} }} "
+                f"RETURN n.{key} AS id, n.search_text AS t LIMIT {int(limit)}")
+            out += [(kind, r["id"], r["t"]) for r in rows]
+        return out
+
+    # --- statistics and export -----------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        out = {}
+        for table in ("Task", "Hardware", "Session", "Attempt", "Strategy", "Lesson", "Embedding"):
+            out[table] = int(self._rows(f"MATCH (n:{table}) RETURN count(n) AS c")[0]["c"])
+        for rel in ("PREV", "APPLIED", "FROM_ATTEMPT"):
+            out[rel] = int(self._rows(f"MATCH ()-[r:{rel}]->() RETURN count(r) AS c")[0]["c"])
+        return out
+
+    def label_counts(self) -> dict[str, int]:
+        return {r["l"]: int(r["c"]) for r in self._rows("MATCH (a:Attempt) RETURN a.label AS l, count(a) AS c")}
+
+    def raw_nodes(self, table: str) -> list[dict[str, Any]]:
+        rows = self._rows(f"MATCH (n:{table}) RETURN n")
+        return [{k: v for k, v in r["n"].items() if not k.startswith("_")} for r in rows]
+
+    def has_node(self, table: str, key: str, value: str) -> bool:
+        return bool(self._rows(f"MATCH (n:{table}) WHERE n.{key} = $v RETURN count(n) AS c", {"v": value})[0]["c"])
+
+
+def _attempt_props(record: AttemptRecord) -> dict[str, Any]:
+    data = record.model_dump()
+    for name in _JSON_FIELDS:
+        data[name] = json.dumps(data[name])
+    data["search_text"] = attempt_search_text(record)
+    return data
+
+
+def attempt_search_text(record: AttemptRecord) -> str:
+    parts: Iterable[str | None] = (record.task_id, record.family, record.strategy, record.opt_layer,
+                                   " ".join(record.flags), record.error_signature, record.failure,
+                                   record.failure_message[:300], record.label)
+    return " ".join(p for p in parts if p)
+
+
+def _attempt(node: dict[str, Any]) -> AttemptRecord:
+    data = {k: v for k, v in node.items() if k in _ATTEMPT_COLUMNS and k != "search_text"}
+    for name in _JSON_FIELDS:
+        data[name] = json.loads(data.get(name) or "[]")
+    return AttemptRecord.model_validate(data)
+
+
+def _lesson(node: dict[str, Any]) -> LessonRecord:
+    return LessonRecord.model_validate({k: v for k, v in node.items() if k in _LESSON_COLUMNS and k != "search_text"})
+
+
+def _session(node: dict[str, Any]) -> SessionRecord:
+    return SessionRecord(
+        session_id=node["session_id"], task_id=node["task_id"], hardware_key=node["hardware_key"],
+        agent=AgentInfo(name=node["agent_name"] or "unknown", version=node["agent_version"] or "",
+                        label=node["agent_label"]),
+        created_at=node["created_at"], incumbent_id=node["incumbent_id"],
+        incumbent_speedup=node["incumbent_speedup"],
+    )

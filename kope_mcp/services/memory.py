@@ -1,0 +1,222 @@
+"""ExperienceMemory: records every attempt's outcome in the graph as it happens, and keeps the derived
+numbers (step ratio, label, confidence, downstream score, session incumbent, embeddings) current."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import secrets
+import threading
+from datetime import UTC, datetime
+
+from kope_mcp.hardware import HardwareProfile, detect_hardware
+from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
+from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, step_ratio
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord, StrategyRecord
+from kope_mcp.memory.signature import compile_signature, test_signature
+from kope_mcp.memory.store import EMBEDDING_DIM, KuzuExperienceStore
+from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
+from kope_mcp.memory.vectors import VectorIndex
+from kope_mcp.models import ProfileReport, TestReport
+from kope_mcp.tasks.loader import Task
+
+log = logging.getLogger(__name__)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def source_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+class ExperienceMemory:
+    def __init__(self, store: KuzuExperienceStore, embedder: BackgroundEmbedder) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.vectors = VectorIndex(EMBEDDING_DIM)
+        for item_id, kind, vector in store.embeddings():
+            self.vectors.add(item_id, kind, vector)
+        self._known_tasks: set[str] = set()
+        self._known_hardware: set[str] = set()
+        self._strategy_lock = threading.Lock()
+        self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load the embedding model and embed in the background; nothing here blocks the caller."""
+        self.embedder.start()
+        if self.embedder.enabled and self._worker is None:
+            self._worker = threading.Thread(target=self._embed_loop, name="kope-embed-worker", daemon=True)
+            self._worker.start()
+
+    def stop(self) -> None:
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=10)
+            self._worker = None
+
+    def _embed_loop(self) -> None:
+        if not self.embedder.wait():
+            return
+        for kind, item_id, text in self.store.unembedded(limit=100_000):
+            self._queue.put((kind, item_id, text))
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < 32:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            vectors = self.embedder.embed([text for _, _, text in batch]) or []
+            for (kind, item_id, _), vector in zip(batch, vectors, strict=False):
+                self.store.set_embedding(item_id, kind, MODEL_NAME, vector)
+                self.vectors.add(item_id, kind, vector)
+            for _ in batch:
+                self._queue.task_done()
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait until queued embeddings are written (tests and benchmarks)."""
+        if not self.embedder.wait(timeout) or self._worker is None:
+            return
+        done = threading.Event()
+        threading.Thread(target=lambda: (self._queue.join(), done.set()), daemon=True).start()
+        done.wait(timeout)
+
+    def enqueue_embedding(self, kind: str, item_id: str, text: str) -> None:
+        if self.embedder.enabled:
+            self._queue.put((kind, item_id, text))
+
+    # --- tasks, hardware, sessions -------------------------------------------------------------------------
+    def ensure_task(self, task: Task) -> None:
+        if task.id not in self._known_tasks:
+            self.store.upsert_task(task.id, task.spec.family, task.spec.level, task.spec.summary)
+            self._known_tasks.add(task.id)
+
+    def ensure_hardware(self, hw: HardwareProfile | None = None) -> HardwareProfile:
+        hw = hw or detect_hardware()
+        if hw.key not in self._known_hardware:
+            self.store.upsert_hardware(hw.key, hw.arch, hw.cpu_model, hw.cores, hw.isa,
+                                       [c.model_dump() for c in hw.caches])
+            self._known_hardware.add(hw.key)
+        return hw
+
+    def create_session(self, task: Task, agent: AgentInfo | None) -> SessionRecord:
+        self.ensure_task(task)
+        hw = self.ensure_hardware()
+        record = SessionRecord(session_id=new_id("s"), task_id=task.id, hardware_key=hw.key,
+                               agent=agent or AgentInfo(), created_at=now())
+        self.store.add_session(record)
+        return record
+
+    # --- strategies ----------------------------------------------------------------------------------------
+    def canonical_strategy(self, name: str) -> StrategyRecord:
+        """The existing Strategy node with a near-identical name, or a new one."""
+        key = strategy_key(name)
+        with self._strategy_lock:
+            known = self.store.strategies()
+            for strategy in known:
+                if strategy.key == key or jaccard(strategy.key, key) >= SAME_STRATEGY_JACCARD:
+                    return strategy
+            vectors = self.embedder.embed([name]) if known else None
+            if vectors:
+                best = max(known, key=lambda s: self._cosine(vectors[0], s.strategy_id))
+                if self._cosine(vectors[0], best.strategy_id) >= SAME_STRATEGY_COSINE:
+                    return best
+            record = StrategyRecord(strategy_id=new_id("st"), name=name.strip()[:200], key=key)
+            self.store.add_strategy(record)
+            if vectors:
+                self.store.set_embedding(record.strategy_id, "strategy", MODEL_NAME, vectors[0])
+                self.vectors.add(record.strategy_id, "strategy", vectors[0])
+            else:
+                self.enqueue_embedding("strategy", record.strategy_id, record.name)
+            return record
+
+    def _cosine(self, vector: list[float], item_id: str) -> float:
+        other = self.vectors.vector(item_id)
+        return float(sum(a * b for a, b in zip(vector, other, strict=True))) if other is not None else 0.0
+
+    # --- automatic recording -------------------------------------------------------------------------------
+    def record_compile(self, record: AttemptRecord, first_error: str | None) -> AttemptRecord:
+        if record.strategy:
+            record.strategy_id = self.canonical_strategy(record.strategy).strategy_id
+        record.error_signature = compile_signature(first_error)
+        record.label = label_for(record.ok, None, None)
+        self.store.add_attempt(record)
+        self._refresh_downstream(record.kernel_id)
+        self.enqueue_embedding("attempt", record.kernel_id, _embedding_text(record))
+        return record
+
+    def record_test(self, kernel_id: str, report: TestReport) -> None:
+        attempt = self.store.attempt(kernel_id)
+        unwritten = sum(c.unwritten for c in report.cases)
+        signature = test_signature(report.failure, report.message, unwritten) or attempt.error_signature
+        label = label_for(attempt.ok, report.passed, attempt.step_ratio if report.passed else None)
+        self.store.update_attempt(kernel_id, tested=True, correct=report.passed, failure=report.failure,
+                                  failure_message=report.message[:2000], error_signature=signature, label=label)
+        self._refresh_downstream(kernel_id)
+
+    def record_profile(self, kernel_id: str, report: ProfileReport) -> None:
+        attempt = self.store.attempt(kernel_id)
+        ratio = step_ratio(report.speedup_vs_baseline, self._predecessor_speedup(attempt))
+        noisy = any(w.startswith("noisy") for w in report.warnings)
+        confidence = measurement_confidence(report.speedup_vs_baseline, report.speedup_vs_baseline_ci95, noisy)
+        self.store.update_attempt(
+            kernel_id, median_s=report.kernel.median_s, speedup=report.speedup_vs_baseline,
+            speedup_ci_low=report.speedup_vs_baseline_ci95[0], speedup_vs_reference=report.speedup_vs_reference,
+            step_ratio=ratio, label=label_for(True, True, ratio), confidence=confidence,
+            profile_warnings=report.warnings,
+        )
+        session = self.store.session(attempt.session_id)
+        # Only a correct candidate that is measurably faster replaces the incumbent.
+        if session.incumbent_speedup is None or report.speedup_vs_baseline_ci95[0] > session.incumbent_speedup:
+            self.store.set_incumbent(session.session_id, kernel_id, report.speedup_vs_baseline)
+        for child in self.store.successors(kernel_id):
+            if child.speedup is not None:
+                child_ratio = step_ratio(child.speedup, report.speedup_vs_baseline)
+                self.store.update_attempt(child.kernel_id, step_ratio=child_ratio,
+                                          label=label_for(True, True, child_ratio))
+                self._refresh_downstream(child.kernel_id)
+        self._refresh_downstream(kernel_id)
+        self.enqueue_embedding("attempt", kernel_id, _embedding_text(self.store.attempt(kernel_id)))
+
+    def _predecessor_speedup(self, attempt: AttemptRecord) -> float | None:
+        """The speedup of the nearest measured ancestor; None means the naive baseline (speedup 1)."""
+        parent_id = attempt.parent_id
+        seen = 0
+        while parent_id and seen < 1000:
+            parent = self.store.attempt(parent_id)
+            if parent.correct and parent.speedup is not None:
+                return parent.speedup
+            parent_id, seen = parent.parent_id, seen + 1
+        return None
+
+    def _refresh_downstream(self, kernel_id: str | None) -> None:
+        """Recompute d(v) for this attempt and every ancestor (each depends on its successors)."""
+        steps = 0
+        while kernel_id and steps < 1000:
+            attempt = self.store.attempt(kernel_id)
+            own = attempt.step_ratio if attempt.correct and attempt.step_ratio is not None else 0.0
+            score = downstream(own, [c.downstream for c in self.store.successors(kernel_id)])
+            self.store.update_attempt(kernel_id, downstream=score)
+            kernel_id, steps = attempt.parent_id, steps + 1
+
+
+def _embedding_text(record: AttemptRecord) -> str:
+    outcome = record.label + (f" {record.speedup:.2f}x" if record.speedup else "")
+    detail = record.error_signature or ""
+    return f"{record.family} {record.task_id}: {record.strategy or 'no strategy given'}. {outcome}. {detail}"
