@@ -21,7 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     tasks.add_argument("--family", help="only this family")
     sub.add_parser("doctor", help="what this machine offers: compilers, OpenMP, ISA, caches, sandbox")
     sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
+    memory = sub.add_parser("memory", help="inspect and move the experience memory under KOPE_HOME")
+    memory.add_argument("action", choices=["stats", "show", "export", "import"])
+    memory.add_argument("target", nargs="?", help="an id for `show`, a .jsonl file for `export`/`import`")
     args = parser.parse_args(argv)
+    if args.command == "memory":
+        return _memory(args.action, args.target)
     if args.command == "serve":
         return _serve(args.log_level)
     if args.command == "tasks":
@@ -76,6 +81,43 @@ def _print_task(task: Any) -> None:
                                   for r in spec.all_rules()))
     print(f"\nReference (numpy):\n{textwrap.indent(task.reference_source, '    ')}")
     print(f"Baseline (C):\n{textwrap.indent(task.baseline_source, '    ')}")
+
+
+def _memory(action: str, target: str | None) -> int:
+    import json
+    from pathlib import Path
+
+    from kope_mcp.errors import KopeError
+    from kope_mcp.memory.embedder import BackgroundEmbedder
+    from kope_mcp.memory.store import KuzuExperienceStore
+    from kope_mcp.services.memory import ExperienceMemory
+    from kope_mcp.services.memory_admin import export_memory, import_memory, memory_stats, show_item
+    from kope_mcp.settings import KopeSettings
+
+    if action != "stats" and not target:
+        print(f"usage: kope memory {action} {'ID' if action == 'show' else 'FILE.jsonl'}", file=sys.stderr)
+        return 2
+    settings = KopeSettings.from_env()
+    # No embedding model here: export/import carry the vectors, stats and show do not need them.
+    memory = ExperienceMemory(KuzuExperienceStore(settings.memory_path), BackgroundEmbedder(enabled=False))
+    try:
+        if action == "stats":
+            print(json.dumps(memory_stats(memory).model_dump(), indent=1))
+        elif action == "show":
+            print(json.dumps(show_item(memory, str(target)), indent=1, default=str))
+        elif action == "export":
+            counts = export_memory(memory, Path(str(target)))
+            print(f"exported to {target}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+        else:
+            report = import_memory(memory, Path(str(target)))
+            print(f"imported from {target}: added {report.added or 'nothing'}; "
+                  f"already present {report.skipped_existing or 'nothing'}")
+    except (KopeError, OSError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    finally:
+        memory.store.close()
+    return 0
 
 
 def _doctor() -> int:

@@ -153,3 +153,42 @@ class ProfileReport(BaseModel):
     warnings: list[str]
     deterministic: CostCounts | None = None
     next_step: str
+
+
+Phase = Literal["start", "compile_error", "incorrect", "optimize"]
+
+
+class RecordResult(BaseModel):
+    experience_id: str = Field(description="The lesson's id ('x-...').")
+    attempt_id: str | None = Field(None, description="The kernel (attempt) it was linked to, when one was given.")
+    label: str = Field(description="The attempt's measured label, or 'lesson' for an unmeasured one.")
+    verified: bool = Field(description="True when the outcome comes from measurements, not from the caller.")
+    confidence: float
+    strategy: str = Field(description="The canonical strategy it was filed under (near-identical names merge).")
+    strategy_id: str
+    step_ratio: float | None = None
+    speedup: float | None = None
+    next_step: str
+
+
+class ContextItem(BaseModel):
+    id: str
+    tier: Literal["hot", "warm", "cold"]
+    kind: Literal["target", "incumbent", "feedback", "case", "fix", "pitfall", "lesson"]
+    score: float
+    tokens: int
+    why: str = Field(description="Why it was chosen: the filters, matches and measurements behind its score.")
+
+
+class QueryResult(BaseModel):
+    context: str = Field(description="Markdown ready to paste into the next prompt.")
+    items: list[ContextItem]
+    tokens_used: int = Field(description="Estimated tokens of `context` (4 characters per token); <= the budget.")
+    token_budget: int
+    phase: Phase = Field(description="The phase the selection was made for (given, or inferred from the session).")
+    candidates: int = Field(description="Distinct experiences considered.")
+    dropped: int = Field(description="Candidates left out (budget, caps, near-duplicates).")
+    dropped_reasons: dict[str, int]
+    semantic_search: bool = Field(description="Whether embeddings were used (False while the model loads).")
+    semantic_status: str
+    warnings: list[str]

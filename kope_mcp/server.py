@@ -12,31 +12,39 @@ from mcp.server import MCPServer
 
 import kope_mcp
 from kope_mcp.settings import KopeSettings
+from kope_mcp.tools import memory as memory_tools
 from kope_mcp.tools import tasks as task_tools
 from kope_mcp.tools import workbench as workbench_tools
-from kope_mcp.tools._context import AppState
+from kope_mcp.tools._context import AppState, LiveState
 
 INSTRUCTIONS = """\
 kope-mcp is a kernel-optimisation workbench. The loop: list_tasks -> get_task(task_id) -> write a C kernel ->
 compile_kernel(task_id, source) -> run_tests(kernel_id) -> profile_kernel(kernel_id) -> improve and repeat,
 passing session_id (and parent_id for the kernel you started from). Correctness comes first: only a kernel that
 passed run_tests is profiled. Compile errors and wrong answers are normal results, not failures of the tool.
+Every outcome is recorded in a shared experience graph: call query_experience(query, session_id=...) before each
+new attempt to get the fixes, wins and pitfalls most relevant to where you are, and record_experience to add
+the lesson of a step.
 """
 
 
 def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
     settings = settings or KopeSettings.from_env()
+    live = LiveState()
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[AppState]) -> AsyncIterator[AppState]:
+        from kope_mcp.services.experience import ExperienceService
         from kope_mcp.services.workbench import Workbench
 
         settings.home.mkdir(parents=True, exist_ok=True)
         workbench = Workbench(settings)
         workbench.memory.start()
         try:
-            yield AppState(workbench=workbench)
+            live.state = AppState(workbench=workbench, experience=ExperienceService(workbench.memory, workbench.tasks))
+            yield live.state
         finally:
+            live.state = None
             workbench.memory.stop()
             workbench.store.close()
 
@@ -49,6 +57,7 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
     )
     task_tools.register(server)
     workbench_tools.register(server)
+    memory_tools.register(server, live)
     return server
 
 

@@ -11,10 +11,10 @@ _HEX = re.compile(r"\b0x[0-9a-fA-F]+\b")
 
 
 def normalise_message(message: str) -> str:
-    text = _QUOTED.sub("'X'", message)
+    text = _QUOTED.sub("'X'", message.lower())
     text = _HEX.sub("N", text)
     text = _NUMBER.sub("N", text)
-    return _SPACES.sub(" ", text).strip().lower()[:160]
+    return _SPACES.sub(" ", text).strip()[:160]
 
 
 def compile_signature(first_error: str | None) -> str | None:

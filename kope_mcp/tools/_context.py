@@ -13,6 +13,8 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
 from kope_mcp.errors import KopeError
+from kope_mcp.memory.records import AgentInfo
+from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
 
 T = TypeVar("T")
@@ -21,6 +23,28 @@ T = TypeVar("T")
 @dataclass
 class AppState:
     workbench: Workbench
+    experience: ExperienceService
+
+
+class LiveState:
+    """The lifespan's AppState for handlers that get no Context (static resources)."""
+
+    def __init__(self) -> None:
+        self.state: AppState | None = None
+
+    def get(self) -> AppState:
+        if self.state is None:
+            raise RuntimeError("the server is not running (its lifespan has not started)")
+        return self.state
+
+
+def agent_info(ctx: Context[Any, Any]) -> AgentInfo:
+    """The MCP client that is calling, from its clientInfo (initialize handshake or discover)."""
+    params = getattr(ctx.session, "client_params", None)
+    info = getattr(params, "client_info", None)
+    if info is None:
+        return AgentInfo()
+    return AgentInfo(name=info.name or "unknown", version=info.version or "")
 
 
 def app_state(ctx: Context[Any, Any]) -> AppState:

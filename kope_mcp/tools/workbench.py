@@ -10,7 +10,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from kope_mcp.models import CompileResult, ProfileReport, TestReport
-from kope_mcp.tools._context import app_state, call_service
+from kope_mcp.tools._context import agent_info, app_state, call_service
 
 KernelId = Annotated[str, Field(description="The kernel_id returned by compile_kernel.")]
 
@@ -43,7 +43,8 @@ def register(server: MCPServer[Any]) -> None:
         session_id. Next on success: run_tests(kernel_id).
         """
         return await call_service(ctx, app_state(ctx).workbench.compile_kernel, task_id, source, backend,
-                                  session_id, parent_id, strategy, flags, progress=True)
+                                  session_id, parent_id, strategy, flags, progress=True,
+                                  agent=agent_info(ctx))
 
     @server.tool(
         name="run_tests",

@@ -1,0 +1,102 @@
+"""Compact renderings of experience for a prompt: case fields, before/after diffs, error -> fix pairs."""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING
+
+from kope_mcp.memory.selection import Scored, estimate_tokens
+from kope_mcp.models import ContextItem
+
+if TYPE_CHECKING:
+    from kope_mcp.services.experience import Candidate
+
+MAX_DIFF_LINES = 10
+_SECTIONS = (
+    ("hot", None, "## Where you are"),
+    ("warm", "case", "## What worked here (this task or family, this hardware)"),
+    ("warm", "fix", "## Fixes that resolved the same failure"),
+    ("warm", "pitfall", "## Pitfalls to avoid"),
+    ("warm", "lesson", "## Lessons"),
+    ("cold", None, "## From other families or hardware"),
+)
+
+
+def short_diff(before: str | None, after: str | None) -> str:
+    """Changed lines only (- old / + new), at most MAX_DIFF_LINES, each cut to 110 characters."""
+    if not before or not after:
+        return ""
+    lines = [ln for ln in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+             if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and ln[1:].strip()]
+    shown = [f"    {ln[0]} {ln[1:].strip()[:110]}" for ln in lines[:MAX_DIFF_LINES]]
+    if len(lines) > MAX_DIFF_LINES:
+        shown.append(f"    ... {len(lines) - MAX_DIFF_LINES} more changed lines")
+    return "\n".join(shown)
+
+
+def render_item(cand: Candidate, task_id: str | None) -> tuple[str, str | None]:
+    """(full text, compact text or None): the compact one drops the diff."""
+    rec = cand.attempt
+    where = ""
+    if rec is not None:
+        where = f"{rec.task_id}" + ("" if rec.task_id == task_id else f" ({rec.family})")
+    if cand.kind == "case" and rec is not None:
+        head = (f"- [{rec.label}, step x{rec.step_ratio or 0:.2f}, {rec.speedup or 0:.2f}x vs naive, "
+                f"confidence {rec.confidence:.2f}] {where}: {rec.strategy or 'unnamed change'}; flags "
+                f"{' '.join(rec.flags) or '-'} ({rec.kernel_id}, {rec.hardware_key})")
+        diff = short_diff(cand.parent_source, rec.source)
+        return (f"{head}\n{diff}" if diff else head), (head if diff else None)
+    if cand.kind == "fix" and rec is not None and cand.fix is not None:
+        problem = rec.error_signature or rec.failure or "failure"
+        head = (f"- {where}: `{problem}` ({rec.kernel_id}) was fixed by {cand.fix.kernel_id}"
+                f"{': ' + cand.fix.strategy if cand.fix.strategy else ''}")
+        diff = short_diff(rec.source, cand.fix.source)
+        return (f"{head}\n{diff}" if diff else head), (head if diff else None)
+    if cand.kind == "pitfall" and rec is not None:
+        if not rec.ok:
+            outcome = f"did not compile: {rec.error_signature or 'error'}"
+        elif rec.correct is False:
+            outcome = f"wrong results ({rec.error_signature or rec.failure})"
+        else:
+            outcome = f"{rec.label}: {rec.speedup or 0:.2f}x vs naive, step x{rec.step_ratio or 0:.2f}"
+        return (f"- AVOID {rec.strategy or 'this change'} on {where}: {outcome} ({rec.kernel_id}, "
+                f"{rec.hardware_key})"), None
+    lesson = cand.lesson
+    assert lesson is not None
+    status = (f"verified, {lesson.label}" + (f", {lesson.speedup:.2f}x" if lesson.speedup else "")
+              if lesson.verified else "unverified")
+    scope = lesson.task_id or lesson.family or "general"
+    text = f"- [{status}] {scope} / {lesson.strategy}: {lesson.text}"
+    if lesson.rationale:
+        text += f" (why: {lesson.rationale})"
+    compact = f"- [{status}] {scope} / {lesson.strategy}: {lesson.text[:200]}"
+    return text[:1600], (compact if len(compact) < len(text[:1600]) else None)
+
+
+def render_context(hot: list[tuple[str, str, str]], chosen: list[tuple[Scored, Candidate, str]],
+                   budget: int) -> tuple[str, list[ContextItem], int]:
+    """Markdown grouped by tier and kind; drops the lowest items until headers and items fit the budget."""
+    chosen = list(chosen)
+    while True:
+        parts: list[str] = []
+        for tier, kind, header in _SECTIONS:
+            if tier == "hot":
+                lines = [f"- {text}" for _, _, text in hot]
+            else:
+                lines = [s.text for s, c, t in chosen if t == tier and (kind is None or c.kind == kind)]
+            if lines:
+                parts.append(header + "\n" + "\n".join(lines))
+        context = "\n\n".join(parts)
+        used = estimate_tokens(context) if context else 0
+        if used <= budget or not chosen:
+            break
+        chosen.pop(min(range(len(chosen)), key=lambda i: chosen[i][0].score))
+    return context, items_for(hot, chosen), used
+
+
+def items_for(hot: list[tuple[str, str, str]], chosen: list[tuple[Scored, Candidate, str]]) -> list[ContextItem]:
+    items = [ContextItem(id=i, tier="hot", kind=k, score=1.0, tokens=estimate_tokens(t),  # type: ignore[arg-type]
+                         why="required by the current state") for k, i, t in hot]
+    items += [ContextItem(id=s.item_id, tier=tier, kind=c.kind, score=s.score,  # type: ignore[arg-type]
+                          tokens=s.tokens, why="; ".join(c.reasons) or "ranked by outcome") for s, c, tier in chosen]
+    return items

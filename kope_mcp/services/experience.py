@@ -1,0 +1,348 @@
+"""record_experience and query_experience: the agent's account of a step, and active context selection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kope_mcp.errors import KopeError
+from kope_mcp.hardware import detect_hardware
+from kope_mcp.memory.outcome import LABEL_PRIOR, UNVERIFIED_CONFIDENCE
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord
+from kope_mcp.memory.selection import (
+    COLD_MAX_ITEMS,
+    WARM_MAX_ITEMS,
+    WARM_SHARE,
+    Scored,
+    estimate_tokens,
+    jaccard_sets,
+    mmr_order,
+    pack,
+    truncate_to_tokens,
+    word_set,
+)
+from kope_mcp.models import Phase, QueryResult, RecordResult
+from kope_mcp.services.context_render import render_context, render_item
+from kope_mcp.services.memory import ExperienceMemory, new_id, now
+from kope_mcp.tasks.registry import TaskRegistry
+
+MAX_QUERY_CHARS = 2000
+MAX_LESSON_CHARS = 4000
+CANDIDATES_PER_SOURCE = 200
+Kind = Literal["case", "fix", "pitfall", "lesson"]
+
+
+class EmptyLessonError(KopeError):
+    code = "empty_lesson"
+
+
+@dataclass
+class Candidate:
+    kind: Kind
+    item_id: str
+    attempt: AttemptRecord | None = None
+    lesson: LessonRecord | None = None
+    fix: AttemptRecord | None = None
+    parent_source: str | None = None
+    bm25: float = 0.0
+    cosine: float = 0.0
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class QueryState:
+    phase: Phase
+    task_id: str | None
+    family: str | None
+    hardware_key: str
+    signature: str | None
+    latest: AttemptRecord | None
+    incumbent: AttemptRecord | None
+
+
+class ExperienceService:
+    def __init__(self, memory: ExperienceMemory, tasks: TaskRegistry) -> None:
+        self.memory = memory
+        self.store = memory.store
+        self.tasks = tasks
+
+    # --- record --------------------------------------------------------------------------------------------
+    def record_experience(
+        self, strategy: str, lesson: str, kernel_id: str | None = None, session_id: str | None = None,
+        task_id: str | None = None, opt_layer: str | None = None, rationale: str | None = None,
+        hardware: str | None = None, agent: AgentInfo | None = None,
+    ) -> RecordResult:
+        if not lesson.strip() or not strategy.strip():
+            raise EmptyLessonError("both `strategy` and `lesson` need text: what you tried, and what you learned")
+        attempt = self.store.attempt(kernel_id) if kernel_id else None
+        if attempt is None and session_id:
+            task_id = task_id or self.store.session(session_id).task_id
+        if task_id:
+            self.memory.ensure_task(self.tasks.get(task_id))
+        canonical = self.memory.canonical_strategy(strategy)
+        if attempt is not None:
+            task_id = attempt.task_id
+            if not attempt.strategy_id:
+                self.store.update_attempt(attempt.kernel_id, strategy=strategy.strip()[:200],
+                                          strategy_id=canonical.strategy_id)
+                self.store.link_strategy("Attempt", attempt.kernel_id, canonical.strategy_id)
+            # The outcome is the measurement's, whatever the caller believes.
+            measured = attempt.speedup is not None or attempt.tested or not attempt.ok
+            confidence = attempt.confidence if attempt.speedup is not None else (0.8 if measured else 0.5)
+            label, verified = attempt.label, measured
+        else:
+            label, verified, confidence = "lesson", False, UNVERIFIED_CONFIDENCE
+        family = self.tasks.get(task_id).spec.family if task_id else None
+        record = LessonRecord(
+            lesson_id=new_id("x"), text=lesson.strip()[:MAX_LESSON_CHARS], strategy=canonical.name,
+            strategy_id=canonical.strategy_id, opt_layer=opt_layer, rationale=(rationale or "")[:MAX_LESSON_CHARS],
+            task_id=task_id, family=family,
+            hardware_key=attempt.hardware_key if attempt else (hardware or None),
+            attempt_id=attempt.kernel_id if attempt else None, verified=verified, label=label,
+            step_ratio=attempt.step_ratio if attempt else None, speedup=attempt.speedup if attempt else None,
+            confidence=confidence, agent=(agent or AgentInfo()).display, created_at=now(),
+        )
+        text = " ".join(p for p in (task_id, family, canonical.name, opt_layer, record.text, rationale) if p)
+        self.store.add_lesson(record, text)
+        self.memory.enqueue_embedding("lesson", record.lesson_id, text)
+        return RecordResult(
+            experience_id=record.lesson_id, attempt_id=record.attempt_id, label=label, verified=verified,
+            confidence=confidence, strategy=canonical.name, strategy_id=canonical.strategy_id,
+            step_ratio=record.step_ratio, speedup=record.speedup,
+            next_step="call query_experience before your next attempt to get the most relevant experience",
+        )
+
+    # --- query ---------------------------------------------------------------------------------------------
+    def query_experience(
+        self, query: str, task_id: str | None = None, session_id: str | None = None, phase: Phase | None = None,
+        hardware: str | None = None, token_budget: int = 2000,
+    ) -> QueryResult:
+        warnings: list[str] = []
+        if len(query) > MAX_QUERY_CHARS:
+            query = query[:MAX_QUERY_CHARS]
+            warnings.append(f"the query was cut to its first {MAX_QUERY_CHARS} characters")
+        state = self._state(task_id, session_id, phase, hardware)
+        candidates = self._gather(query, state)
+        hot = self._hot_items(state)
+        scored: dict[str, tuple[Scored, Candidate, str]] = {}
+        dropped: dict[str, int] = {}
+        for cand in candidates.values():
+            tier_score = self._score(cand, state)
+            if tier_score is None:
+                dropped["no_measured_value"] = dropped.get("no_measured_value", 0) + 1
+                continue
+            tier, score = tier_score
+            text, compact = render_item(cand, state.task_id)
+            scored[cand.item_id] = (Scored(cand.item_id, score, text, estimate_tokens(text), word_set(text),
+                                           compact=compact), cand, tier)
+        hot_tokens = sum(estimate_tokens(text) for _, _, text in hot)
+        chosen: list[tuple[Scored, Candidate, str]] = []
+        if hot_tokens > token_budget:
+            warnings.append(f"the budget ({token_budget} tokens) is below the hot tier ({hot_tokens}); "
+                            "returned the hot tier truncated and nothing else")
+            hot = _truncate_hot(hot, token_budget)
+            dropped["budget"] = dropped.get("budget", 0) + len(scored)
+        else:
+            remaining = token_budget - hot_tokens
+            for tier, cap, share in (("warm", WARM_MAX_ITEMS, WARM_SHARE), ("cold", COLD_MAX_ITEMS, 1.0)):
+                pool = [s for s, _, t in scored.values() if t == tier]
+                ordered, duplicates = mmr_order(pool, self._similarity)
+                dropped["near_duplicate"] = dropped.get("near_duplicate", 0) + len(duplicates)
+                budget = int(remaining * share) if tier == "warm" else remaining
+                taken, skipped = pack(ordered, budget, cap)
+                remaining -= sum(s.tokens for s in taken)
+                dropped["budget_or_cap"] = dropped.get("budget_or_cap", 0) + len(skipped)
+                chosen += [(s, scored[s.item_id][1], tier) for s in taken]
+        context, items, used = render_context(hot, chosen, token_budget)
+        semantic = self.memory.embedder.available
+        if not semantic:
+            warnings.append(f"semantic search not available ({self.memory.embedder.status}); "
+                            "selected by graph filters and BM25 only")
+        return QueryResult(
+            context=context, items=items, tokens_used=used, token_budget=token_budget, phase=state.phase,
+            candidates=len(candidates), dropped=sum(dropped.values()),
+            dropped_reasons={k: v for k, v in dropped.items() if v}, semantic_search=semantic,
+            semantic_status=self.memory.embedder.status, warnings=warnings,
+        )
+
+    def _state(self, task_id: str | None, session_id: str | None, phase: Phase | None,
+               hardware: str | None) -> QueryState:
+        latest = incumbent = None
+        if session_id:
+            session = self.store.session(session_id)
+            task_id = task_id or session.task_id
+            latest = self.store.latest_in_session(session_id)
+            incumbent = self.store.attempt(session.incumbent_id) if session.incumbent_id else None
+        family = self.tasks.get(task_id).spec.family if task_id else None
+        inferred: Phase = "start"
+        if latest is not None:
+            inferred = ("compile_error" if not latest.ok else
+                        "incorrect" if latest.tested and not latest.correct else "optimize")
+        signature = latest.error_signature if latest is not None and inferred != "optimize" else None
+        return QueryState(phase=phase or inferred, task_id=task_id, family=family,
+                          hardware_key=hardware or detect_hardware().key, signature=signature, latest=latest,
+                          incumbent=incumbent)
+
+    def _gather(self, query: str, state: QueryState) -> dict[str, Candidate]:
+        found: dict[str, Candidate] = {}
+        attempts: dict[str, AttemptRecord] = {}
+        reasons: dict[str, list[str]] = {}
+
+        def add_attempts(records: list[AttemptRecord], reason: str) -> None:
+            for rec in records:
+                attempts[rec.kernel_id] = rec
+                reasons.setdefault(rec.kernel_id, []).append(reason)
+
+        limit = CANDIDATES_PER_SOURCE
+        if state.task_id:
+            add_attempts(self.store.attempts("a.task_id = $t", {"t": state.task_id}, "a.downstream DESC", limit),
+                         "same task")
+        if state.family:
+            add_attempts(self.store.attempts("a.family = $f AND a.task_id <> $t",
+                                             {"f": state.family, "t": state.task_id or ""}, "a.downstream DESC",
+                                             limit), "same family")
+        if state.signature:
+            add_attempts(self.store.attempts("a.error_signature = $s", {"s": state.signature}, "a.created_at DESC",
+                                             limit), "same error signature")
+        add_attempts(self.store.attempts("a.label = 'effective'", {}, "a.downstream DESC", limit // 2),
+                     "effective elsewhere")
+        lessons: dict[str, LessonRecord] = {}
+        lesson_where = "l.task_id IS NULL" + (" OR l.task_id = $t" if state.task_id else "") + \
+            (" OR l.family = $f" if state.family else "")
+        for lesson in self.store.lessons(lesson_where, {k: v for k, v in (("t", state.task_id),
+                                                                           ("f", state.family)) if v}, limit):
+            lessons[lesson.lesson_id] = lesson
+            reasons.setdefault(lesson.lesson_id, []).append("scope match")
+        text_query = " ".join(p for p in (query, state.task_id, state.signature) if p)
+        bm25 = {item_id: score for _, item_id, score in self.store.full_text(text_query, 50)} if text_query else {}
+        cosine: dict[str, float] = {}
+        vectors = self.memory.embedder.embed([text_query]) if text_query.strip() else None
+        if vectors:
+            cosine = {item_id: score for item_id, kind, score in self.memory.vectors.search(vectors[0], 50)
+                      if kind in ("attempt", "lesson")}
+        extra = [i for i in list(bm25) + list(cosine) if i not in attempts and i not in lessons]
+        if extra:
+            add_attempts(self.store.attempts("a.kernel_id IN $ids", {"ids": extra}), "text match")
+            for lesson in self.store.lessons("l.lesson_id IN $ids", {"ids": extra}):
+                lessons[lesson.lesson_id] = lesson
+                reasons.setdefault(lesson.lesson_id, []).append("text match")
+        top_bm25 = max(bm25.values(), default=1.0) or 1.0
+        failing = [k for k, a in attempts.items() if not a.ok or a.correct is False]
+        fixes = self.store.fixes_of(failing) if failing else {}
+        parents = {a.parent_id for a in attempts.values() if a.parent_id and a.speedup is not None}
+        parent_sources = {p.kernel_id: p.source for p in self.store.attempts("a.kernel_id IN $ids",
+                                                                              {"ids": sorted(parents)})} \
+            if parents else {}
+        latest_id = state.latest.kernel_id if state.latest is not None else None
+        for kid, rec in attempts.items():
+            if kid == latest_id:
+                continue  # already in the hot tier as the latest feedback
+            if kid in fixes:
+                kind: Kind = "fix"
+            elif not rec.ok or rec.correct is False or rec.label in ("negative", "ineffective"):
+                kind = "pitfall"
+            elif rec.label in ("effective", "partial"):
+                kind = "case"
+            else:
+                continue  # compiled but never measured: nothing to learn from yet
+            found[kid] = Candidate(kind=kind, item_id=kid, attempt=rec, fix=fixes.get(kid),
+                                   parent_source=parent_sources.get(rec.parent_id or ""),
+                                   bm25=bm25.get(kid, 0.0) / top_bm25, cosine=cosine.get(kid, 0.0),
+                                   reasons=reasons.get(kid, []))
+        for lid, lesson in lessons.items():
+            found[lid] = Candidate(kind="lesson", item_id=lid, lesson=lesson, bm25=bm25.get(lid, 0.0) / top_bm25,
+                                   cosine=cosine.get(lid, 0.0), reasons=reasons.get(lid, []))
+        return found
+
+    def _score(self, cand: Candidate, state: QueryState) -> tuple[str, float] | None:
+        rec, lesson = cand.attempt, cand.lesson
+        task_id = rec.task_id if rec else (lesson.task_id if lesson else None)
+        family = rec.family if rec else (lesson.family if lesson else None)
+        hw = rec.hardware_key if rec else (lesson.hardware_key if lesson else None)
+        same_task = bool(task_id and task_id == state.task_id)
+        same_family = bool(family and family == state.family)
+        same_hw = hw is None or hw == state.hardware_key
+        same_sig = bool(rec and state.signature and rec.error_signature == state.signature)
+        relevance = 0.1 + 0.4 * cand.bm25 + 0.5 * max(0.0, cand.cosine)
+        relevance += 0.6 if same_task else 0.3 if same_family else 0.0
+        relevance += 1.0 if same_sig else 0.0
+        if cand.kind == "case" and rec is not None:
+            quality = LABEL_PRIOR[rec.label] * (0.5 + min(rec.downstream, 3.0) / 3.0) * max(rec.confidence, 0.1)
+        elif cand.kind == "fix":
+            quality = 0.8
+        elif cand.kind == "pitfall" and rec is not None:
+            quality = 0.6 * (rec.confidence if rec.speedup is not None else 0.8)
+        elif lesson is not None:
+            quality = (LABEL_PRIOR.get(lesson.label, 0.5) if lesson.verified else LABEL_PRIOR["lesson"]) * \
+                lesson.confidence
+        else:
+            return None
+        multiplier = _PHASE_WEIGHTS[state.phase][cand.kind]
+        if same_sig and cand.kind in ("fix", "pitfall"):
+            multiplier *= 2.0
+        if not same_hw:
+            multiplier *= 0.6
+        score = round(relevance * quality * multiplier, 4)
+        local = (same_task or same_family or same_sig or (cand.kind == "lesson" and task_id is None))
+        tier = "warm" if local and same_hw else "cold"
+        why = list(dict.fromkeys(cand.reasons))
+        flags = (("same hardware", same_hw and hw is not None), ("other hardware", not same_hw),
+                 (f"BM25 {cand.bm25:.2f}", cand.bm25 > 0), (f"cosine {cand.cosine:.2f}", cand.cosine > 0),
+                 (f"label {rec.label}, d={rec.downstream:.2f}", rec is not None and cand.kind == "case"))
+        why += [w for w, on in flags if on]
+        cand.reasons = why
+        return tier, score
+
+    def _similarity(self, a: Scored, b: Scored) -> float:
+        va, vb = self.memory.vectors.vector(a.item_id), self.memory.vectors.vector(b.item_id)
+        if va is not None and vb is not None:
+            return float(va @ vb)
+        return jaccard_sets(a.words, b.words)
+
+    def _hot_items(self, state: QueryState) -> list[tuple[str, str, str]]:
+        """(kind, id, text) of what the state requires: target, incumbent, latest feedback."""
+        hot: list[tuple[str, str, str]] = []
+        if state.task_id:
+            spec = self.tasks.get(state.task_id).spec
+            hot.append(("target", state.task_id, f"Target: `{spec.id}` ({spec.family}, level {spec.level}): "
+                        f"{spec.summary}. Hardware {state.hardware_key}. Phase: {state.phase}."))
+        if state.incumbent is not None:
+            inc = state.incumbent
+            hot.append(("incumbent", inc.kernel_id, f"Incumbent: {inc.kernel_id}, {inc.speedup:.2f}x vs the naive "
+                        f"baseline ({inc.strategy or 'no strategy recorded'}; flags {' '.join(inc.flags) or '-'})."))
+        if state.latest is not None:
+            hot.append(("feedback", state.latest.kernel_id, _feedback(state.latest)))
+        return hot
+
+
+_PHASE_WEIGHTS: dict[str, dict[str, float]] = {
+    "start": {"case": 1.5, "fix": 0.5, "pitfall": 1.0, "lesson": 1.0},
+    "compile_error": {"case": 0.5, "fix": 3.0, "pitfall": 1.0, "lesson": 0.8},
+    "incorrect": {"case": 0.6, "fix": 2.5, "pitfall": 1.5, "lesson": 1.0},
+    "optimize": {"case": 1.5, "fix": 0.4, "pitfall": 1.2, "lesson": 1.0},
+}
+
+
+def _feedback(latest: AttemptRecord) -> str:
+    if not latest.ok:
+        first = latest.diagnostics_digest.splitlines()[0] if latest.diagnostics_digest else "see the log"
+        return f"Latest: {latest.kernel_id} did not compile: {first}"
+    if latest.tested and not latest.correct:
+        return f"Latest: {latest.kernel_id} failed its tests ({latest.failure}): {latest.failure_message[:300]}"
+    if latest.speedup is not None:
+        return (f"Latest: {latest.kernel_id} correct, {latest.speedup:.2f}x vs naive (step ratio "
+                f"{latest.step_ratio:.2f}, {latest.label}).")
+    if latest.tested:
+        return f"Latest: {latest.kernel_id} passed its tests; not profiled yet."
+    return f"Latest: {latest.kernel_id} compiled; not tested yet (call run_tests)."
+
+
+def _truncate_hot(hot: list[tuple[str, str, str]], budget: int) -> list[tuple[str, str, str]]:
+    out, left = [], budget - 4  # room for the section header
+    for kind, item_id, text in hot:
+        if left <= 0:
+            break
+        text = truncate_to_tokens(text, left)
+        out.append((kind, item_id, text))
+        left -= estimate_tokens(text)
+    return out

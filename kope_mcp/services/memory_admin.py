@@ -1,0 +1,155 @@
+"""Memory you can manage: statistics, one item in full, and export/import in a versioned JSONL format.
+
+Format ``kope-memory`` version 1: one JSON object per line. The first is a header
+``{"kind": "header", "format": "kope-memory", "version": 1, "exported_at": ..., "counts": {...}}``; then one line
+per node, parents before children: ``task``, ``hardware``, ``strategy``, ``session``, ``attempt`` (oldest first,
+so a PREV parent always precedes its child), ``lesson``, ``embedding`` (``id``, ``item_kind``, ``model``,
+``vector``). Fields are those of the records in ``kope_mcp/memory/records.py``. Import merges: a node whose id
+already exists is skipped, so importing the same file twice, or into a memory that shares part of it, creates
+no duplicates; edges are rebuilt from the ids each record carries.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from kope_mcp.errors import KopeError, UnknownExperienceError
+from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
+from kope_mcp.services.memory import ExperienceMemory, now
+
+FORMAT = "kope-memory"
+VERSION = 1
+
+
+class InvalidExportError(KopeError):
+    code = "invalid_export"
+
+
+class MemoryStats(BaseModel):
+    schema_version: int
+    counts: dict[str, int]
+    attempts_by_label: dict[str, int]
+    hardware: list[str]
+    database_bytes: int
+    semantic_search: str
+
+
+class ImportReport(BaseModel):
+    added: dict[str, int]
+    skipped_existing: dict[str, int]
+
+
+def memory_stats(memory: ExperienceMemory) -> MemoryStats:
+    store = memory.store
+    size = sum(p.stat().st_size for p in (store.path, Path(f"{store.path}.wal")) if p.exists())
+    return MemoryStats(schema_version=store.schema_version(), counts=store.counts(),
+                       attempts_by_label=store.label_counts(), hardware=store.hardware_keys(), database_bytes=size,
+                       semantic_search=memory.embedder.status)
+
+
+def show_item(memory: ExperienceMemory, item_id: str) -> dict[str, Any]:
+    store = memory.store
+    if item_id.startswith("k-") and store.has_node("Attempt", "kernel_id", item_id):
+        attempt = store.attempt(item_id)
+        return {"attempt": attempt.model_dump(),
+                "successors": [s.kernel_id for s in store.successors(item_id)],
+                "lessons": [lesson.model_dump() for lesson in store.lessons("l.attempt_id = $k", {"k": item_id})]}
+    if item_id.startswith("x-") and store.has_node("Lesson", "lesson_id", item_id):
+        return {"lesson": store.lesson(item_id).model_dump()}
+    if item_id.startswith("s-") and store.has_node("Session", "session_id", item_id):
+        return {"session": store.session(item_id).model_dump(),
+                "attempts": [{"kernel_id": a.kernel_id, "parent_id": a.parent_id, "label": a.label,
+                              "speedup": a.speedup, "strategy": a.strategy}
+                             for a in store.attempts("a.session_id = $s", {"s": item_id})]}
+    raise UnknownExperienceError(item_id)
+
+
+def export_memory(memory: ExperienceMemory, path: Path) -> dict[str, int]:
+    store = memory.store
+    counts = store.counts()
+    with path.open("w", encoding="utf-8") as fh:
+        def write(kind: str, data: dict[str, Any]) -> None:
+            fh.write(json.dumps({"kind": kind, **data}, separators=(",", ":")) + "\n")
+
+        write("header", {"format": FORMAT, "version": VERSION, "exported_at": now(), "counts": counts})
+        for node in store.raw_nodes("Task"):
+            write("task", node)
+        for node in store.raw_nodes("Hardware"):
+            write("hardware", node)
+        for strategy in store.strategies():
+            write("strategy", strategy.model_dump())
+        for session in store.sessions():
+            write("session", session.model_dump())
+        for attempt in store.attempts():
+            write("attempt", attempt.model_dump())
+        for node in sorted(store.raw_nodes("Lesson"), key=lambda n: n["created_at"]):
+            write("lesson", node)
+        for item_id, kind, vector in store.embeddings():
+            write("embedding", {"id": item_id, "item_kind": kind, "model": "all-MiniLM-L6-v2", "vector": vector})
+    return counts
+
+
+def import_memory(memory: ExperienceMemory, path: Path) -> ImportReport:
+    added: dict[str, int] = {}
+    skipped: dict[str, int] = {}
+
+    def count(bucket: dict[str, int], kind: str) -> None:
+        bucket[kind] = bucket.get(kind, 0) + 1
+
+    with path.open(encoding="utf-8") as fh:
+        header = json.loads(fh.readline() or "{}")
+        if header.get("format") != FORMAT or header.get("version") != VERSION:
+            raise InvalidExportError(f"{path} is not a {FORMAT} version {VERSION} file (header: {header!r:.200})")
+        for number, line in enumerate(fh, start=2):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                kind = row.pop("kind")
+                new = _import_row(memory, kind, row)
+            except (json.JSONDecodeError, KeyError, ValueError) as exc:
+                raise InvalidExportError(f"{path}:{number}: {type(exc).__name__}: {exc}") from None
+            count(added if new else skipped, kind)
+    return ImportReport(added=added, skipped_existing=skipped)
+
+
+def _import_row(memory: ExperienceMemory, kind: str, row: dict[str, Any]) -> bool:
+    store = memory.store
+    if kind == "task":
+        if store.has_node("Task", "id", row["id"]):
+            return False
+        store.upsert_task(row["id"], row["family"], row["level"], row["summary"])
+    elif kind == "hardware":
+        if store.has_node("Hardware", "key", row["key"]):
+            return False
+        store.upsert_hardware(row["key"], row["arch"], row["cpu_model"], row["cores"], json.loads(row["isa"]),
+                              json.loads(row["caches"]))
+    elif kind == "strategy":
+        if store.has_node("Strategy", "strategy_id", row["strategy_id"]):
+            return False
+        store.add_strategy(StrategyRecord.model_validate(row))
+    elif kind == "session":
+        if store.has_node("Session", "session_id", row["session_id"]):
+            return False
+        store.add_session(SessionRecord.model_validate(row))
+    elif kind == "attempt":
+        if store.has_node("Attempt", "kernel_id", row["kernel_id"]):
+            return False
+        store.add_attempt(AttemptRecord.model_validate(row))
+    elif kind == "lesson":
+        if store.has_node("Lesson", "lesson_id", row["lesson_id"]):
+            return False
+        text = row.pop("search_text", "") or row.get("text", "")
+        store.add_lesson(LessonRecord.model_validate(row), text)
+    elif kind == "embedding":
+        if store.has_node("Embedding", "id", row["id"]):
+            return False
+        store.set_embedding(row["id"], row["item_kind"], row["model"], row["vector"])
+        memory.vectors.add(row["id"], row["item_kind"], row["vector"])
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    return True

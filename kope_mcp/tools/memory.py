@@ -1,0 +1,77 @@
+"""record_experience, query_experience and the memory statistics resource."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from kope_mcp.models import Phase, QueryResult, RecordResult
+from kope_mcp.services.memory_admin import memory_stats
+from kope_mcp.tools._context import LiveState, agent_info, app_state, call_service
+
+
+def register(server: MCPServer[Any], live: LiveState) -> None:
+    @server.tool(
+        name="record_experience",
+        title="Record what you tried and learned",
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                    open_world_hint=False),
+    )
+    async def record_experience(
+        ctx: Context[Any, Any],
+        strategy: Annotated[str, Field(description="The optimisation, e.g. 'blocking 64x64 for L1'.")],
+        lesson: Annotated[str, Field(description="What you learned, in one or two sentences, for future attempts.")],
+        kernel_id: Annotated[str | None, Field(
+            description="The attempt this is about; its measured outcome is attached and cannot be overridden."
+        )] = None,
+        session_id: Annotated[str | None, Field(description="Scope a lesson to this session's task.")] = None,
+        task_id: Annotated[str | None, Field(description="Scope a lesson to this task.")] = None,
+        opt_layer: Annotated[str | None, Field(
+            description="Where the change acts: algorithm, memory, parallelism, vectorisation, compiler...")] = None,
+        rationale: Annotated[str | None, Field(description="Why you expected it to help.")] = None,
+        hardware: Annotated[str | None, Field(description="Hardware key this knowledge applies to.")] = None,
+    ) -> RecordResult:
+        """Record the why behind a step: strategy, rationale and the lesson. Outcomes of compile/test/profile are
+        already recorded automatically; this adds the explanation future attempts (yours or another agent's) need.
+        With kernel_id the label and speedup come from the measurements; without one the lesson is stored as
+        unverified and ranks below measured evidence. Next: query_experience before your next attempt.
+        """
+        return await call_service(ctx, app_state(ctx).experience.record_experience, strategy, lesson, kernel_id,
+                                  session_id, task_id, opt_layer, rationale, hardware, agent_info(ctx))
+
+    @server.tool(
+        name="query_experience",
+        title="Get the most relevant experience",
+        annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    )
+    async def query_experience(
+        ctx: Context[Any, Any],
+        query: Annotated[str, Field(description="What you are about to do or stuck on, in words (cut at 2000 chars).")],
+        task_id: Annotated[str | None, Field(description="The task you work on.")] = None,
+        session_id: Annotated[str | None, Field(
+            description="Your session: adds the latest feedback and incumbent, and infers the phase.")] = None,
+        phase: Annotated[Phase | None, Field(
+            description="start | compile_error | incorrect | optimize; inferred from the session when omitted.")
+        ] = None,
+        hardware: Annotated[str | None, Field(description="Hardware key; default: this server's machine.")] = None,
+        token_budget: Annotated[int, Field(ge=1, le=100_000, description="Most tokens of context to return.")] = 2000,
+    ) -> QueryResult:
+        """Active context selection: the experience most relevant to your state, ranked by measured outcome and
+        packed into token_budget. Stuck on a compile error or wrong results, you get the fixes that resolved the
+        same failure before; correct but slow, the strategies with the best measured gains on this family and
+        hardware; always, pitfalls to avoid. Returns `context` (markdown to put in your prompt) and the items with
+        why each was chosen. Call it before every new attempt.
+        """
+        return await call_service(ctx, app_state(ctx).experience.query_experience, query, task_id, session_id,
+                                  phase, hardware, token_budget)
+
+    @server.resource("kope://memory/stats", name="memory_stats", title="Experience memory statistics",
+                     mime_type="application/json")
+    def memory_stats_resource() -> str:
+        """Counts of tasks, sessions, attempts by label, strategies and lessons in the experience graph."""
+        return json.dumps(memory_stats(live.get().workbench.memory).model_dump(), indent=1)
