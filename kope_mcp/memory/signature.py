@@ -21,7 +21,7 @@ def compile_signature(first_error: str | None) -> str | None:
     return f"compile: {normalise_message(first_error)}" if first_error else None
 
 
-def test_signature(failure: str | None, message: str, unwritten: int = 0) -> str | None:
+def failure_signature(failure: str | None, message: str, unwritten: int = 0) -> str | None:
     """e.g. 'test:mismatch:unwritten', 'test:crash:SIGSEGV', 'test:timeout'."""
     if failure is None or failure == "not_compiled":
         return None

@@ -216,15 +216,27 @@ class KuzuExperienceStore:
             "MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: $k}) RETURN c ORDER BY c.created_at", {"k": kernel_id})]
 
     def fixes_of(self, kernel_ids: list[str]) -> dict[str, AttemptRecord]:
-        """For each failing attempt, its first successor that got further (compiled, or passed its tests)."""
-        rows = self._rows(
-            "MATCH (c:Attempt)-[:PREV]->(p:Attempt) WHERE p.kernel_id IN $ids AND c.ok = true AND "
-            "(p.ok = false OR c.correct = true) RETURN p.kernel_id AS p, c ORDER BY c.created_at",
-            {"ids": kernel_ids},
-        )
+        """For each failing attempt, the attempt that got further (compiled, or passed its tests): a PREV
+        successor first, else the very next attempt of the same session (agents often fix an error without
+        naming the failing kernel as the parent)."""
+        got_further = "c.ok = true AND (p.ok = false OR c.correct = true)"
+        params = {"ids": kernel_ids}
         fixes: dict[str, AttemptRecord] = {}
-        for row in rows:
+        for row in self._rows(f"MATCH (c:Attempt)-[:PREV]->(p:Attempt) WHERE p.kernel_id IN $ids AND {got_further} "
+                              "RETURN p.kernel_id AS p, c ORDER BY c.created_at", params):
             fixes.setdefault(row["p"], _attempt(row["c"]))
+        failing = self._rows("MATCH (p:Attempt) WHERE p.kernel_id IN $ids RETURN p.kernel_id AS id, "
+                             "p.session_id AS s, p.created_at AS t, p.ok AS ok", params)
+        by_session: dict[str, list[dict[str, Any]]] = {}
+        for row in self._rows("MATCH (c:Attempt) WHERE c.session_id IN $s RETURN c ORDER BY c.created_at",
+                              {"s": sorted({f["s"] for f in failing})}):
+            by_session.setdefault(row["c"]["session_id"], []).append(row["c"])
+        for parent in failing:
+            if parent["id"] in fixes:
+                continue
+            child = next((c for c in by_session.get(parent["s"], []) if c["created_at"] > parent["t"]), None)
+            if child is not None and child["ok"] and (not parent["ok"] or child["correct"]):
+                fixes[parent["id"]] = _attempt(child)
         return fixes
 
     # --- strategies and lessons ----------------------------------------------------------------------------

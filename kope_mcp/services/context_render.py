@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from kope_mcp.memory.selection import Scored, estimate_tokens
+from kope_mcp.memory.selection import Scored, estimate_tokens, truncate_to_tokens
 from kope_mcp.models import ContextItem
 
 if TYPE_CHECKING:
@@ -73,6 +73,10 @@ def render_item(cand: Candidate, task_id: str | None) -> tuple[str, str | None]:
     return text[:1600], (compact if len(compact) < len(text[:1600]) else None)
 
 
+def hot_section(hot: list[tuple[str, str, str]]) -> str:
+    return _SECTIONS[0][2] + "\n" + "\n".join(f"- {text}" for _, _, text in hot) if hot else ""
+
+
 def render_context(hot: list[tuple[str, str, str]], chosen: list[tuple[Scored, Candidate, str]],
                    budget: int) -> tuple[str, list[ContextItem], int]:
     """Markdown grouped by tier and kind; drops the lowest items until headers and items fit the budget."""
@@ -81,13 +85,19 @@ def render_context(hot: list[tuple[str, str, str]], chosen: list[tuple[Scored, C
         parts: list[str] = []
         for tier, kind, header in _SECTIONS:
             if tier == "hot":
-                lines = [f"- {text}" for _, _, text in hot]
+                if hot:
+                    parts.append(hot_section(hot))
+                continue
             else:
                 lines = [s.text for s, c, t in chosen if t == tier and (kind is None or c.kind == kind)]
             if lines:
                 parts.append(header + "\n" + "\n".join(lines))
         context = "\n\n".join(parts)
         used = estimate_tokens(context) if context else 0
+        if used > budget and not chosen:
+            # Only the hot tier is left and it does not fit: cut it rather than exceed the budget.
+            context = truncate_to_tokens(context, budget)
+            used = estimate_tokens(context) if context else 0
         if used <= budget or not chosen:
             break
         chosen.pop(min(range(len(chosen)), key=lambda i: chosen[i][0].score))

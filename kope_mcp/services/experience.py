@@ -22,7 +22,7 @@ from kope_mcp.memory.selection import (
     word_set,
 )
 from kope_mcp.models import Phase, QueryResult, RecordResult
-from kope_mcp.services.context_render import render_context, render_item
+from kope_mcp.services.context_render import hot_section, render_context, render_item
 from kope_mcp.services.memory import ExperienceMemory, new_id, now
 from kope_mcp.tasks.registry import TaskRegistry
 
@@ -135,7 +135,7 @@ class ExperienceService:
             text, compact = render_item(cand, state.task_id)
             scored[cand.item_id] = (Scored(cand.item_id, score, text, estimate_tokens(text), word_set(text),
                                            compact=compact), cand, tier)
-        hot_tokens = sum(estimate_tokens(text) for _, _, text in hot)
+        hot_tokens = estimate_tokens(hot_section(hot)) + 1 if hot else 0
         chosen: list[tuple[Scored, Candidate, str]] = []
         if hot_tokens > token_budget:
             warnings.append(f"the budget ({token_budget} tokens) is below the hot tier ({hot_tokens}); "
@@ -288,8 +288,10 @@ class ExperienceService:
         why = list(dict.fromkeys(cand.reasons))
         flags = (("same hardware", same_hw and hw is not None), ("other hardware", not same_hw),
                  (f"BM25 {cand.bm25:.2f}", cand.bm25 > 0), (f"cosine {cand.cosine:.2f}", cand.cosine > 0),
-                 (f"label {rec.label}, d={rec.downstream:.2f}", rec is not None and cand.kind == "case"))
+                 )
         why += [w for w, on in flags if on]
+        if rec is not None and cand.kind == "case":
+            why.append(f"label {rec.label}, downstream {rec.downstream:.2f}, confidence {rec.confidence:.2f}")
         cand.reasons = why
         return tier, score
 

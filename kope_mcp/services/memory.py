@@ -14,7 +14,7 @@ from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, step_ratio
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord, StrategyRecord
-from kope_mcp.memory.signature import compile_signature, test_signature
+from kope_mcp.memory.signature import compile_signature, failure_signature
 from kope_mcp.memory.store import EMBEDDING_DIM, KuzuExperienceStore
 from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
 from kope_mcp.memory.vectors import VectorIndex
@@ -164,7 +164,7 @@ class ExperienceMemory:
     def record_test(self, kernel_id: str, report: TestReport) -> None:
         attempt = self.store.attempt(kernel_id)
         unwritten = sum(c.unwritten for c in report.cases)
-        signature = test_signature(report.failure, report.message, unwritten) or attempt.error_signature
+        signature = failure_signature(report.failure, report.message, unwritten) or attempt.error_signature
         label = label_for(attempt.ok, report.passed, attempt.step_ratio if report.passed else None)
         self.store.update_attempt(kernel_id, tested=True, correct=report.passed, failure=report.failure,
                                   failure_message=report.message[:2000], error_signature=signature, label=label)

@@ -1,0 +1,55 @@
+"""Kernels with clearly different outcomes, for memory tests (the timings differ by several times)."""
+
+SUM_NAIVE = """#include <stdint.h>
+void kernel(const float *x, float *out, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += x[i];
+    out[0] = acc;
+}
+"""
+
+SUM_ACCUMULATORS = """#include <stdint.h>
+void kernel(const float *x, float *out, int64_t n) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += x[i + k];
+    float total = 0.0f;
+    for (int k = 0; k < 16; k++) total += acc[k];
+    for (; i < n; i++) total += x[i];
+    out[0] = total;
+}
+"""
+
+SUM_NO_TAIL = """#include <stdint.h>
+void kernel(const float *x, float *out, int64_t n) {
+    float acc[16] = {0};
+    for (int64_t i = 0; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += x[i + k];
+    float total = 0.0f;
+    for (int k = 0; k < 16; k++) total += acc[k];
+    out[0] = total;
+}
+"""
+
+SUM_BROKEN = SUM_ACCUMULATORS.replace("float total = 0.0f;", "total = 0.0f;")
+
+ACCUMULATOR_STRATEGY = "16 independent accumulators to hide the add latency"
+
+
+def run_sum_session(workbench, task_id: str = "sum_reduce", agent=None):
+    """naive -> broken -> fixed fast -> no-tail (wrong): returns the kernel ids."""
+    naive = workbench.compile_kernel(task_id, SUM_NAIVE, strategy="naive serial sum", agent=agent)
+    workbench.run_tests(naive.kernel_id)
+    workbench.profile_kernel(naive.kernel_id)
+    broken = workbench.compile_kernel(task_id, SUM_BROKEN, session_id=naive.session_id, strategy=ACCUMULATOR_STRATEGY,
+                                      flags=["-O3"])
+    fast = workbench.compile_kernel(task_id, SUM_ACCUMULATORS, session_id=naive.session_id, parent_id=naive.kernel_id,
+                                    strategy=ACCUMULATOR_STRATEGY, flags=["-O3"])
+    workbench.run_tests(fast.kernel_id)
+    workbench.profile_kernel(fast.kernel_id)
+    wrong = workbench.compile_kernel(task_id, SUM_NO_TAIL, session_id=naive.session_id, parent_id=fast.kernel_id,
+                                     strategy="drop the tail loop", flags=["-O3"])
+    workbench.run_tests(wrong.kernel_id)
+    return {"session": naive.session_id, "naive": naive.kernel_id, "broken": broken.kernel_id,
+            "fast": fast.kernel_id, "wrong": wrong.kernel_id}

@@ -1,0 +1,33 @@
+import pytest
+
+from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, step_ratio
+
+
+@pytest.mark.parametrize("ratio,label", [
+    (1.05, "effective"), (2.0, "effective"), (1.0, "partial"), (1.049, "partial"),
+    (0.85, "ineffective"), (0.999, "ineffective"), (0.849, "negative"), (0.1, "negative"),
+])
+def test_label_thresholds_follow_the_paper(ratio, label):
+    assert label_for(True, True, ratio) == label
+
+
+def test_incorrect_and_uncompiled_never_promote_whatever_the_ratio():
+    assert label_for(True, False, 5.0) == "incorrect"
+    assert label_for(False, None, 5.0) == "compile_error"
+    assert label_for(True, True, None) == "unmeasured"
+
+
+def test_step_ratio_is_relative_to_the_predecessor_and_roots_to_the_baseline():
+    assert step_ratio(3.0, 2.0) == 1.5
+    assert step_ratio(3.0, None) == 3.0
+
+
+def test_downstream_score_credits_successors_with_decay():
+    assert downstream(1.2, []) == pytest.approx(0.6)
+    assert downstream(0.0, [1.0, 0.6]) == pytest.approx(0.5 * 0.7 * 1.6)
+
+
+def test_confidence_falls_with_a_wide_interval_and_noise():
+    tight = measurement_confidence(2.0, (1.98, 2.02), noisy=False)
+    wide = measurement_confidence(2.0, (1.5, 2.5), noisy=False)
+    assert tight > wide and measurement_confidence(2.0, (1.98, 2.02), noisy=True) == pytest.approx(tight / 2)

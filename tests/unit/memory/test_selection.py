@@ -1,0 +1,26 @@
+from kope_mcp.memory.selection import Scored, estimate_tokens, jaccard_sets, mmr_order, pack, word_set
+
+
+def item(item_id: str, score: float, text: str) -> Scored:
+    return Scored(item_id, score, text, estimate_tokens(text), word_set(text))
+
+
+def test_pack_never_exceeds_the_budget_and_lets_smaller_items_fill_gaps():
+    items = [item("a", 3, "x" * 400), item("b", 2, "y" * 40), item("c", 1, "z" * 40)]
+    taken, skipped = pack(items, budget=30, max_items=10)
+    assert [s.item_id for s in taken] == ["b", "c"] and [s.item_id for s in skipped] == ["a"]
+    assert sum(s.tokens for s in taken) <= 30
+
+
+def test_pack_falls_back_to_the_compact_rendering():
+    big = item("a", 3, "x" * 400)
+    big.compact = "short"
+    taken, _ = pack([big], budget=10, max_items=5)
+    assert taken[0].text == "short"
+
+
+def test_mmr_drops_near_duplicates_and_keeps_diverse_items():
+    items = [item("a", 1.0, "openmp over rows softmax"), item("b", 0.99, "openmp over rows softmax"),
+             item("c", 0.5, "blocking for l1 cache matmul")]
+    chosen, duplicates = mmr_order(items, lambda x, y: jaccard_sets(x.words, y.words))
+    assert [s.item_id for s in chosen] == ["a", "c"] and [s.item_id for s in duplicates] == ["b"]

@@ -1,0 +1,47 @@
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord
+from kope_mcp.memory.store import KuzuExperienceStore
+
+
+def make_attempt(kernel_id: str, parent: str | None = None) -> AttemptRecord:
+    return AttemptRecord(kernel_id=kernel_id, session_id="s-1", task_id="relu", family="elementwise",
+                         hardware_key="hw", backend="c", build_hash="h", source="src", source_hash="sh", flags=["-O3"],
+                         ok=True, uses_openmp=False, parent_id=parent, created_at=f"2026-01-01T00:00:0{kernel_id[-1]}",
+                         strategy="unroll by 4")
+
+
+def populated(tmp_path) -> KuzuExperienceStore:
+    store = KuzuExperienceStore(tmp_path / "memory.kuzu")
+    store.upsert_task("relu", "elementwise", 1, "relu")
+    store.upsert_hardware("hw", "x86_64", "cpu", 2, ["avx2"], [])
+    store.add_session(SessionRecord(session_id="s-1", task_id="relu", hardware_key="hw",
+                                    agent=AgentInfo(name="claude", version="1"), created_at="2026-01-01"))
+    store.add_attempt(make_attempt("k-1"))
+    store.add_attempt(make_attempt("k-2", parent="k-1"))
+    store.add_attempt(make_attempt("k-3", parent="k-1"))
+    return store
+
+
+def test_migrations_are_recorded_once_and_data_survives_reopening(tmp_path):
+    store = populated(tmp_path)
+    assert store.schema_version() == 1
+    store.close()
+    again = KuzuExperienceStore(tmp_path / "memory.kuzu")
+    assert again.schema_version() == 1
+    assert again.counts()["Attempt"] == 3
+    assert again.session("s-1").agent.name == "claude"
+
+
+def test_prev_edges_form_a_forest_with_many_successors(tmp_path):
+    store = populated(tmp_path)
+    assert {a.kernel_id for a in store.successors("k-1")} == {"k-2", "k-3"}
+    assert store.counts()["PREV"] == 2
+    assert store.latest_in_session("s-1").kernel_id == "k-3"
+
+
+def test_updates_and_full_text_search(tmp_path):
+    store = populated(tmp_path)
+    store.update_attempt("k-2", speedup=2.5, label="effective", flags=["-O2"])
+    found = store.attempt("k-2")
+    assert found.speedup == 2.5 and found.label == "effective" and found.flags == ["-O2"]
+    hits = store.full_text("unroll", 10)
+    assert {item_id for kind, item_id, _ in hits if kind == "attempt"} == {"k-1", "k-2", "k-3"}

@@ -1,0 +1,135 @@
+"""record_experience and query_experience: measured evidence first, phases, budgets, pitfalls, the why."""
+
+import pytest
+
+from kope_mcp.errors import UnknownKernelError, UnknownSessionError, UnknownTaskError
+from kope_mcp.services.experience import EmptyLessonError, ExperienceService
+from kope_mcp.services.memory_admin import export_memory, import_memory
+from kope_mcp.services.workbench import Workbench
+from tests.conftest import make_settings
+from tests.memory_helpers import ACCUMULATOR_STRATEGY, SUM_BROKEN, run_sum_session
+
+
+@pytest.fixture(scope="module")
+def world(workbench):
+    ids = run_sum_session(workbench)
+    service = ExperienceService(workbench.memory, workbench.tasks)
+    service.record_experience(ACCUMULATOR_STRATEGY, "independent accumulators break the add dependency chain",
+                              kernel_id=ids["fast"], rationale="a serial sum is bound by the add latency")
+    service.record_experience("drop the tail loop", "always keep a scalar tail loop for n % 16",
+                              kernel_id=ids["wrong"])
+    return ids, service
+
+
+def test_a_lesson_about_a_kernel_takes_its_measured_outcome(world, workbench):
+    ids, service = world
+    result = service.record_experience("OpenMP reduction", "this was 100x faster!", kernel_id=ids["wrong"])
+    attempt = workbench.store.attempt(ids["wrong"])
+    assert result.verified and result.label == attempt.label == "incorrect"
+    assert result.attempt_id == ids["wrong"]
+
+
+def test_a_lesson_without_a_kernel_is_unverified_and_ranks_below_measured_evidence(world):
+    ids, service = world
+    result = service.record_experience("16 accumulators", "Use many accumulators (I read it somewhere).",
+                                       task_id="sum_reduce")
+    assert not result.verified and result.label == "lesson" and result.confidence < 0.5
+    answer = service.query_experience("accumulators", task_id="sum_reduce", phase="optimize", token_budget=4000)
+    scores = {i.id: i.score for i in answer.items}
+    assert scores[ids["fast"]] > scores[result.experience_id]
+
+
+def test_near_identical_strategy_names_land_on_one_strategy(world):
+    _, service = world
+    a = service.record_experience("OpenMP over rows", "x", task_id="softmax")
+    b = service.record_experience("omp over the rows", "y", task_id="softmax")
+    assert a.strategy_id == b.strategy_id
+
+
+def test_done_when_a_second_task_of_the_family_gets_the_winning_strategy_and_pitfalls_with_the_why(world):
+    ids, service = world
+    answer = service.query_experience("make the dot product faster", task_id="dot", token_budget=1500)
+    by_id = {i.id: i for i in answer.items}
+    assert ids["fast"] in by_id and by_id[ids["fast"]].kind == "case"
+    assert "same family" in by_id[ids["fast"]].why
+    assert ACCUMULATOR_STRATEGY in answer.context
+    assert any(i.kind == "pitfall" for i in answer.items) and "AVOID" in answer.context
+    assert answer.tokens_used <= 1500 and answer.phase == "start"
+
+
+def test_a_session_stuck_on_a_compile_error_gets_the_fix_for_the_same_signature(world, workbench):
+    ids, service = world
+    stuck = workbench.compile_kernel("dot", SUM_BROKEN.replace("const float *x, float *out",
+                                                               "const float *x, const float *y, float *out"))
+    assert not stuck.ok
+    answer = service.query_experience("it does not compile", session_id=stuck.session_id, token_budget=800)
+    assert answer.phase == "compile_error"
+    fixes = [i for i in answer.items if i.kind == "fix"]
+    assert fixes and fixes[0].id == ids["broken"] and "same error signature" in fixes[0].why
+    assert "## Fixes that resolved the same failure" in answer.context
+    assert answer.items[0].tier == "hot" and answer.items[0].kind == "target"
+
+
+def test_a_correct_but_slow_session_gets_the_best_measured_strategies(world, workbench):
+    ids, service = world
+    slow = workbench.compile_kernel("sum_reduce", workbench.tasks.get("sum_reduce").baseline_source)
+    workbench.run_tests(slow.kernel_id)
+    answer = service.query_experience("how do I go faster", session_id=slow.session_id)
+    assert answer.phase == "optimize"
+    cases = [i for i in answer.items if i.kind == "case"]
+    assert cases and cases[0].id == ids["fast"]
+
+
+@pytest.mark.parametrize("budget", [1, 10, 40, 80, 150, 400, 2000])
+def test_tokens_used_never_exceed_the_budget(world, budget):
+    ids, service = world
+    answer = service.query_experience("faster sum", session_id=ids["session"], token_budget=budget)
+    assert answer.tokens_used <= budget
+
+
+def test_a_budget_below_the_hot_tier_returns_it_truncated_with_a_warning(world):
+    ids, service = world
+    answer = service.query_experience("faster sum", session_id=ids["session"], token_budget=10)
+    assert all(i.tier == "hot" for i in answer.items)
+    assert any("below the hot tier" in w for w in answer.warnings)
+
+
+def test_a_very_long_query_is_cut_not_rejected(world):
+    _, service = world
+    answer = service.query_experience("sum " * 5000, task_id="sum_reduce")
+    assert any("cut" in w for w in answer.warnings)
+
+
+def test_without_embeddings_the_answer_says_semantic_search_was_off(world):
+    _, service = world
+    answer = service.query_experience("sum", task_id="sum_reduce")
+    assert not answer.semantic_search and any("semantic search not available" in w for w in answer.warnings)
+
+
+def test_unknown_ids_and_empty_lessons_are_refused(world):
+    _, service = world
+    with pytest.raises(UnknownKernelError):
+        service.record_experience("x", "y", kernel_id="k-nope")
+    with pytest.raises(UnknownSessionError):
+        service.query_experience("x", session_id="s-nope")
+    with pytest.raises(UnknownTaskError):
+        service.query_experience("x", task_id="nope")
+    with pytest.raises(EmptyLessonError):
+        service.record_experience("x", "   ")
+
+
+def test_export_then_import_into_an_empty_home_gives_the_same_graph_and_answers(world, workbench, tmp_path):
+    ids, service = world
+    path = tmp_path / "memory.jsonl"
+    counts = export_memory(workbench.memory, path)
+    fresh = Workbench(make_settings(tmp_path / "fresh-home"), workbench.tasks)
+    report = import_memory(fresh.memory, path)
+    assert fresh.store.counts() == counts
+    assert report.added["attempt"] == counts["Attempt"]
+    again = import_memory(fresh.memory, path)
+    assert not again.added and fresh.store.counts() == counts
+    fresh_service = ExperienceService(fresh.memory, fresh.tasks)
+    for kwargs in ({"task_id": "dot"}, {"session_id": ids["session"]}):
+        before = service.query_experience("faster reduction", **kwargs)
+        after = fresh_service.query_experience("faster reduction", **kwargs)
+        assert after.context == before.context

@@ -1,0 +1,57 @@
+"""compile_kernel, run_tests and profile_kernel record their outcomes in the graph as they happen."""
+
+import pytest
+
+from kope_mcp.memory.records import AgentInfo
+from tests.memory_helpers import SUM_BROKEN, run_sum_session
+
+
+@pytest.fixture(scope="module")
+def session(workbench):
+    return run_sum_session(workbench, agent=AgentInfo(name="claude-desktop", version="1.2.3"))
+
+
+def test_every_attempt_is_recorded_with_its_outcome(workbench, session):
+    store = workbench.store
+    assert store.attempt(session["broken"]).label == "compile_error"
+    assert store.attempt(session["broken"]).error_signature.startswith("compile: ")
+    wrong = store.attempt(session["wrong"])
+    assert wrong.label == "incorrect" and wrong.error_signature == "test:mismatch:values"
+    fast = store.attempt(session["fast"])
+    assert fast.correct and fast.speedup > 0 and fast.median_s > 0 and 0 < fast.confidence <= 1
+
+
+def test_prev_comes_from_parent_id_else_the_previous_attempt(workbench, session):
+    store = workbench.store
+    assert store.attempt(session["broken"]).parent_id == session["naive"]  # previous attempt of the session
+    assert store.attempt(session["fast"]).parent_id == session["naive"]  # explicit parent_id
+    assert {a.kernel_id for a in store.successors(session["naive"])} == {session["broken"], session["fast"]}
+
+
+def test_step_ratio_label_and_downstream_follow_the_measurements(workbench, session):
+    store = workbench.store
+    naive, fast = store.attempt(session["naive"]), store.attempt(session["fast"])
+    assert naive.step_ratio == pytest.approx(naive.speedup)  # a root is measured against the naive baseline
+    assert fast.step_ratio == pytest.approx(fast.speedup / naive.speedup)
+    assert fast.label == ("effective" if fast.step_ratio >= 1.05 else fast.label)
+    children = store.successors(session["naive"])
+    assert naive.downstream == pytest.approx(0.5 * naive.step_ratio + 0.35 * sum(c.downstream for c in children))
+
+
+def test_the_incumbent_is_the_best_correct_attempt(workbench, session):
+    rec = workbench.store.session(session["session"])
+    best = max((workbench.store.attempt(session[k]) for k in ("naive", "fast")), key=lambda a: a.speedup)
+    assert rec.incumbent_id in (session["naive"], session["fast"])
+    assert rec.incumbent_speedup <= best.speedup
+    assert rec.incumbent_id != session["wrong"]
+
+
+def test_the_client_that_produced_the_session_is_recorded(workbench, session):
+    assert workbench.store.session(session["session"]).agent == AgentInfo(name="claude-desktop", version="1.2.3")
+    assert workbench.store.attempt(session["naive"]).agent == "claude-desktop 1.2.3"
+
+
+def test_the_same_error_in_another_session_gets_the_same_signature(workbench, session):
+    other = workbench.compile_kernel("sum_reduce", SUM_BROKEN.replace("acc[k]", "acc[k] ").replace("total", "sum"))
+    assert workbench.store.attempt(other.kernel_id).error_signature == \
+        workbench.store.attempt(session["broken"]).error_signature
