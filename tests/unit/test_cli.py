@@ -32,3 +32,34 @@ def test_python_dash_m_entry_point_works():
     out = subprocess.run([sys.executable, "-m", "kope_mcp", "tasks", "--family", "scan"], capture_output=True,
                          text=True, timeout=60, check=True).stdout
     assert "prefix_sum" in out
+
+
+def test_memory_stats_show_export_and_import(tmp_path, monkeypatch, capsys):
+    import json
+
+    from kope_mcp.services.workbench import Workbench
+    from tests.conftest import VECTOR_ADD_OK, make_settings
+
+    home = tmp_path / "home"
+    workbench = Workbench(make_settings(home))
+    compiled = workbench.compile_kernel("vector_add", VECTOR_ADD_OK, strategy="plain loop")
+    workbench.store.close()
+    monkeypatch.setenv("KOPE_HOME", str(home))
+    assert main(["memory", "stats"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["Attempt"] == 1
+    assert main(["memory", "show", compiled.kernel_id]) == 0
+    assert json.loads(capsys.readouterr().out)["attempt"]["strategy"] == "plain loop"
+    assert main(["memory", "show", "k-nope"]) == 2
+    assert "unknown_experience" in capsys.readouterr().err
+    dump = tmp_path / "memory.jsonl"
+    assert main(["memory", "export", str(dump)]) == 0
+    assert json.loads(dump.read_text().splitlines()[0])["format"] == "kope-memory"
+    monkeypatch.setenv("KOPE_HOME", str(tmp_path / "other"))
+    assert main(["memory", "import", str(dump)]) == 0
+    assert "attempt" in capsys.readouterr().out
+    assert main(["memory", "import", str(dump)]) == 0
+    assert "added nothing" in capsys.readouterr().out
+    not_export = tmp_path / "x.jsonl"
+    not_export.write_text('{"hello": 1}\n')
+    assert main(["memory", "import", str(not_export)]) == 2
+    assert "invalid_export" in capsys.readouterr().err

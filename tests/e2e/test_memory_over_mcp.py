@@ -1,0 +1,83 @@
+"""The memory tools through MCP: identity from clientInfo, the stats resource, and kill -9 durability."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+from mcp import Client, StdioServerParameters
+from mcp.types import Implementation
+
+from kope_mcp.memory.store import KuzuExperienceStore
+from kope_mcp.server import build_server
+from tests.conftest import VECTOR_ADD_OK, make_settings
+
+
+def test_the_client_name_and_version_are_recorded_and_the_stats_resource_counts(tmp_path):
+    server = build_server(make_settings(tmp_path / "home"))
+
+    async def body():
+        async with Client(server, client_info=Implementation(name="ide-agent", version="0.9")) as client:
+            compiled = (await client.call_tool("compile_kernel", {"task_id": "vector_add",
+                                                                  "source": VECTOR_ADD_OK})).structured_content
+            await client.call_tool("run_tests", {"kernel_id": compiled["kernel_id"]})
+            recorded = await client.call_tool("record_experience", {
+                "kernel_id": compiled["kernel_id"], "strategy": "plain loop", "lesson": "the naive loop is correct"})
+            assert not recorded.is_error and recorded.structured_content["verified"]
+            answer = await client.call_tool("query_experience", {"query": "vector add",
+                                                                 "session_id": compiled["session_id"]})
+            assert not answer.is_error and answer.structured_content["phase"] == "optimize"
+            stats = json.loads((await client.read_resource("kope://memory/stats")).contents[0].text)
+            assert stats["counts"]["Attempt"] == 1 and stats["counts"]["Lesson"] == 1
+            bad = await client.call_tool("query_experience", {"query": "x", "session_id": "s-nope"})
+            assert bad.is_error and "unknown_session:" in bad.content[0].text
+        return compiled
+
+    compiled = anyio.run(body)
+    store = KuzuExperienceStore(tmp_path / "home" / "memory.kuzu")
+    session = store.session(compiled["session_id"])
+    assert (session.agent.name, session.agent.version) == ("ide-agent", "0.9")
+    assert store.attempt(compiled["kernel_id"]).agent == "ide-agent 0.9"
+
+
+def _server_pid(home: Path) -> int:
+    needle = f"KOPE_HOME={home}".encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (proc / "environ").read_bytes().split(b"\0") and \
+                        b"serve" in (proc / "cmdline").read_bytes():
+                    return int(proc.name)
+    raise AssertionError("server process not found")
+
+
+def test_kill_9_during_writes_loses_no_acknowledged_experience(tmp_path):
+    home = tmp_path / "home"
+    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "ERROR"],
+                                   env=env)
+    acknowledged: list[str] = []
+
+    async def body():
+        with anyio.fail_after(120), contextlib.suppress(Exception):
+            async with Client(params) as client:
+                pid = _server_pid(home)
+                for i in range(40):
+                    if i == 25:
+                        os.kill(pid, signal.SIGKILL)  # mid-stream: later calls fail, earlier ones were answered
+                    result = await client.call_tool("record_experience", {
+                        "task_id": "relu", "strategy": f"strategy {i}", "lesson": f"lesson number {i}"})
+                    if result.is_error or result.structured_content is None:
+                        break
+                    acknowledged.append(result.structured_content["experience_id"])
+
+    anyio.run(body)
+    assert 20 <= len(acknowledged) <= 26
+    store = KuzuExperienceStore(home / "memory.kuzu")
+    for experience_id in acknowledged:
+        assert store.lesson(experience_id).task_id == "relu"
