@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 WARM_SHARE = 0.7
 WARM_MAX_ITEMS = 12
@@ -54,23 +55,48 @@ class Scored:
     compact: str | None = None  # a shorter rendering (no diff) to use when the full one does not fit
 
 
-def mmr_order(items: list[Scored], similarity: Callable[[Scored, Scored], float]) -> tuple[list[Scored], list[Scored]]:
-    """Greedy MMR; returns (ordered keepers, near-duplicates dropped)."""
-    remaining = sorted(items, key=lambda s: -s.score)
+def mmr_order(items: list[Scored], similarity: np.ndarray, limit: int
+              ) -> tuple[list[Scored], list[Scored], list[Scored]]:
+    """Greedy MMR over a precomputed similarity matrix, stopping after ``limit`` picks (O(limit * n)).
+
+    Returns (picked in order, near-duplicates of a picked item, the rest never reached).
+    """
+    n = len(items)
+    if n == 0:
+        return [], [], []
+    scores = np.array([s.score for s in items], dtype=np.float64)
+    relevance = scores / (scores.max() or 1.0)
+    max_sim = np.zeros(n)
+    open_ = np.ones(n, dtype=bool)
     chosen: list[Scored] = []
     duplicates: list[Scored] = []
-    top = max((s.score for s in remaining), default=1.0) or 1.0
-    while remaining:
-        best, best_value, best_sim = None, -math.inf, 0.0
-        for cand in remaining:
-            sim = max((similarity(cand, c) for c in chosen), default=0.0)
-            value = MMR_LAMBDA * cand.score / top - (1 - MMR_LAMBDA) * sim
-            if value > best_value:
-                best, best_value, best_sim = cand, value, sim
-        assert best is not None
-        remaining.remove(best)
-        (duplicates if best_sim >= NEAR_DUPLICATE else chosen).append(best)
-    return chosen, duplicates
+    while open_.any() and len(chosen) < limit:
+        value = np.where(open_, MMR_LAMBDA * relevance - (1 - MMR_LAMBDA) * max_sim, -np.inf)
+        best = int(np.argmax(value))
+        open_[best] = False
+        if chosen and max_sim[best] >= NEAR_DUPLICATE:
+            duplicates.append(items[best])
+            continue
+        chosen.append(items[best])
+        max_sim = np.maximum(max_sim, similarity[best])
+    rest = [items[i] for i in np.flatnonzero(open_)]
+    return chosen, duplicates, rest
+
+
+def similarity_matrix(items: list[Scored], vectors: list[np.ndarray | None]) -> np.ndarray:
+    """Cosine where both items have embeddings, Jaccard of their words otherwise."""
+    n = len(items)
+    sim = np.zeros((n, n))
+    have = [i for i, v in enumerate(vectors) if v is not None]
+    if have:
+        matrix = np.stack([vectors[i] for i in have]).astype(np.float64)  # type: ignore[misc]
+        sim[np.ix_(have, have)] = matrix @ matrix.T
+    missing = [i for i, v in enumerate(vectors) if v is None]
+    for i in missing:
+        for j in range(n):
+            sim[i, j] = sim[j, i] = jaccard_sets(items[i].words, items[j].words)
+    np.fill_diagonal(sim, 1.0)
+    return sim
 
 
 def pack(items: list[Scored], budget: int, max_items: int) -> tuple[list[Scored], list[Scored]]:

@@ -10,6 +10,7 @@ by numpy brute force, which is as fast as HNSW at these sizes.
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
@@ -310,6 +311,52 @@ class KuzuExperienceStore:
             out += [(kind, r["id"], r["t"]) for r in rows]
         return out
 
+    # --- bulk loading (benchmarks, large imports) -----------------------------------------------------------
+    def bulk_attempts(self, records: list[AttemptRecord], chunk: int = 5000) -> None:
+        """Insert many attempts with all their edges: nodes by UNWIND, edges by COPY (minutes -> seconds)."""
+        for start in range(0, len(records), chunk):
+            rows = [_attempt_props(r) for r in records[start:start + chunk]]
+            assignments = _unwind_assignments(rows[0], _ATTEMPT_COLUMNS)
+            self._exec(f"UNWIND $rows AS r CREATE (:Attempt {{{assignments}}})", {"rows": rows})
+        self._copy_edges("IN_SESSION", "Attempt", "Session", [(r.kernel_id, r.session_id) for r in records])
+        self._copy_edges("FOR_TASK", "Attempt", "Task", [(r.kernel_id, r.task_id) for r in records])
+        self._copy_edges("ON_HARDWARE", "Attempt", "Hardware", [(r.kernel_id, r.hardware_key) for r in records])
+        self._copy_edges("PREV", "Attempt", "Attempt", [(r.kernel_id, r.parent_id) for r in records if r.parent_id])
+        self._copy_edges("APPLIED", "Attempt", "Strategy",
+                         [(r.kernel_id, r.strategy_id) for r in records if r.strategy_id])
+
+    def bulk_sessions(self, records: list[SessionRecord]) -> None:
+        rows = [{"id": r.session_id, "t": r.task_id, "h": r.hardware_key, "an": r.agent.name,
+                 "av": r.agent.version, "c": r.created_at} for r in records]
+        self._exec("UNWIND $rows AS r CREATE (:Session {session_id: r.id, task_id: r.t, hardware_key: r.h, "
+                   "agent_name: r.an, agent_version: r.av, created_at: r.c})", {"rows": rows})
+        self._copy_edges("FOR_TASK", "Session", "Task", [(r.session_id, r.task_id) for r in records])
+        self._copy_edges("ON_HARDWARE", "Session", "Hardware", [(r.session_id, r.hardware_key) for r in records])
+
+    def bulk_lessons(self, records: list[tuple[LessonRecord, str]]) -> None:
+        rows = [{**lesson.model_dump(), "search_text": text} for lesson, text in records]
+        assignments = _unwind_assignments(rows[0], _LESSON_COLUMNS)
+        self._exec(f"UNWIND $rows AS r CREATE (:Lesson {{{assignments}}})", {"rows": rows})
+        self._copy_edges("FROM_ATTEMPT", "Lesson", "Attempt", [(lesson.lesson_id, lesson.attempt_id)
+                                                               for lesson, _ in records if lesson.attempt_id])
+
+    def bulk_embeddings(self, rows: list[tuple[str, str, str, list[float]]]) -> None:
+        """(id, kind, model, vector) rows through a CSV COPY (parameter lists of floats are slow)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "embeddings.csv"
+            with path.open("w", encoding="utf-8") as fh:
+                for item_id, kind, model, vector in rows:
+                    fh.write(f'{item_id},{kind},{model},"[{",".join(f"{x:.7g}" for x in vector)}]"\n')
+            self._exec(f"COPY Embedding FROM '{path}' (HEADER=false)")
+
+    def _copy_edges(self, rel: str, src: str, dst: str, pairs: list[tuple[str, str]]) -> None:
+        if not pairs:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{rel}.csv"
+            path.write_text("".join(f"{a},{b}\n" for a, b in pairs), encoding="utf-8")
+            self._exec(f"COPY {rel} FROM '{path}' (from='{src}', to='{dst}', HEADER=false)")
+
     # --- statistics and export -----------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
         out = {}
@@ -328,6 +375,12 @@ class KuzuExperienceStore:
 
     def has_node(self, table: str, key: str, value: str) -> bool:
         return bool(self._rows(f"MATCH (n:{table}) WHERE n.{key} = $v RETURN count(n) AS c", {"v": value})[0]["c"])
+
+
+def _unwind_assignments(row: dict[str, Any], columns: dict[str, str]) -> str:
+    # UNWIND infers a struct field's type from the values; a column that is NULL in every row comes out as
+    # STRING, so every non-string column is cast explicitly.
+    return ", ".join(f"{k}: r.{k}" if columns[k] == "STRING" else f"{k}: CAST(r.{k} AS {columns[k]})" for k in row)
 
 
 def _attempt_props(record: AttemptRecord) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from kope_mcp.memory.selection import (
     WARM_SHARE,
     Scored,
     estimate_tokens,
-    jaccard_sets,
     mmr_order,
     pack,
+    similarity_matrix,
     truncate_to_tokens,
     word_set,
 )
@@ -145,24 +145,26 @@ class ExperienceService:
         else:
             remaining = token_budget - hot_tokens
             for tier, cap, share in (("warm", WARM_MAX_ITEMS, WARM_SHARE), ("cold", COLD_MAX_ITEMS, 1.0)):
-                pool = [s for s, _, t in scored.values() if t == tier]
-                ordered, duplicates = mmr_order(pool, self._similarity)
+                pool = sorted((s for s, _, t in scored.values() if t == tier), key=lambda s: -s.score)
+                sim = similarity_matrix(pool, [self.memory.vectors.vector(s.item_id) for s in pool])
+                # Look at a few times the cap so packing can still skip items that do not fit.
+                ordered, duplicates, rest = mmr_order(pool, sim, limit=3 * cap)
                 dropped["near_duplicate"] = dropped.get("near_duplicate", 0) + len(duplicates)
                 budget = int(remaining * share) if tier == "warm" else remaining
                 taken, skipped = pack(ordered, budget, cap)
                 remaining -= sum(s.tokens for s in taken)
-                dropped["budget_or_cap"] = dropped.get("budget_or_cap", 0) + len(skipped)
+                dropped["budget_or_cap"] = dropped.get("budget_or_cap", 0) + len(skipped) + len(rest)
                 chosen += [(s, scored[s.item_id][1], tier) for s in taken]
         context, items, used = render_context(hot, chosen, token_budget)
-        semantic = self.memory.embedder.available
+        semantic = self.memory.semantic_ready
         if not semantic:
-            warnings.append(f"semantic search not available ({self.memory.embedder.status}); "
+            warnings.append(f"semantic search not available ({self.memory.semantic_status}); "
                             "selected by graph filters and BM25 only")
         return QueryResult(
             context=context, items=items, tokens_used=used, token_budget=token_budget, phase=state.phase,
             candidates=len(candidates), dropped=sum(dropped.values()),
             dropped_reasons={k: v for k, v in dropped.items() if v}, semantic_search=semantic,
-            semantic_status=self.memory.embedder.status, warnings=warnings,
+            semantic_status=self.memory.semantic_status, warnings=warnings,
         )
 
     def _state(self, task_id: str | None, session_id: str | None, phase: Phase | None,
@@ -216,7 +218,8 @@ class ExperienceService:
         text_query = " ".join(p for p in (query, state.task_id, state.signature) if p)
         bm25 = {item_id: score for _, item_id, score in self.store.full_text(text_query, 50)} if text_query else {}
         cosine: dict[str, float] = {}
-        vectors = self.memory.embedder.embed([text_query]) if text_query.strip() else None
+        vectors = self.memory.embedder.embed([text_query]) if text_query.strip() and self.memory.semantic_ready \
+            else None
         if vectors:
             cosine = {item_id: score for item_id, kind, score in self.memory.vectors.search(vectors[0], 50)
                       if kind in ("attempt", "lesson")}
@@ -294,12 +297,6 @@ class ExperienceService:
             why.append(f"label {rec.label}, downstream {rec.downstream:.2f}, confidence {rec.confidence:.2f}")
         cand.reasons = why
         return tier, score
-
-    def _similarity(self, a: Scored, b: Scored) -> float:
-        va, vb = self.memory.vectors.vector(a.item_id), self.memory.vectors.vector(b.item_id)
-        if va is not None and vb is not None:
-            return float(va @ vb)
-        return jaccard_sets(a.words, b.words)
 
     def _hot_items(self, state: QueryState) -> list[tuple[str, str, str]]:
         """(kind, id, text) of what the state requires: target, incumbent, latest feedback."""

@@ -41,8 +41,7 @@ class ExperienceMemory:
         self.store = store
         self.embedder = embedder
         self.vectors = VectorIndex(EMBEDDING_DIM)
-        for item_id, kind, vector in store.embeddings():
-            self.vectors.add(item_id, kind, vector)
+        self._vectors_loaded = threading.Event()
         self._known_tasks: set[str] = set()
         self._known_hardware: set[str] = set()
         self._strategy_lock = threading.Lock()
@@ -63,7 +62,24 @@ class ExperienceMemory:
             self._worker.join(timeout=10)
             self._worker = None
 
+    def load_vectors(self) -> None:
+        """Stored embeddings into the in-memory index (seconds for 100k items: never on the handshake path)."""
+        for item_id, kind, vector in self.store.embeddings():
+            self.vectors.add(item_id, kind, vector)
+        self._vectors_loaded.set()
+
+    @property
+    def semantic_ready(self) -> bool:
+        return self.embedder.available and self._vectors_loaded.is_set()
+
+    @property
+    def semantic_status(self) -> str:
+        if self.embedder.available and not self._vectors_loaded.is_set():
+            return "loading stored embeddings"
+        return self.embedder.status
+
     def _embed_loop(self) -> None:
+        self.load_vectors()
         if not self.embedder.wait():
             return
         for kind, item_id, text in self.store.unembedded(limit=100_000):
@@ -90,9 +106,10 @@ class ExperienceMemory:
                 self._queue.task_done()
 
     def drain(self, timeout: float = 60.0) -> None:
-        """Wait until queued embeddings are written (tests and benchmarks)."""
+        """Wait until stored vectors are loaded and queued embeddings written (tests and benchmarks)."""
         if not self.embedder.wait(timeout) or self._worker is None:
             return
+        self._vectors_loaded.wait(timeout)
         done = threading.Event()
         threading.Thread(target=lambda: (self._queue.join(), done.set()), daemon=True).start()
         done.wait(timeout)

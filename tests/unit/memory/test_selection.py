@@ -1,4 +1,7 @@
-from kope_mcp.memory.selection import Scored, estimate_tokens, jaccard_sets, mmr_order, pack, word_set
+import numpy as np
+import pytest
+
+from kope_mcp.memory.selection import Scored, estimate_tokens, mmr_order, pack, similarity_matrix, word_set
 
 
 def item(item_id: str, score: float, text: str) -> Scored:
@@ -22,5 +25,19 @@ def test_pack_falls_back_to_the_compact_rendering():
 def test_mmr_drops_near_duplicates_and_keeps_diverse_items():
     items = [item("a", 1.0, "openmp over rows softmax"), item("b", 0.99, "openmp over rows softmax"),
              item("c", 0.5, "blocking for l1 cache matmul")]
-    chosen, duplicates = mmr_order(items, lambda x, y: jaccard_sets(x.words, y.words))
-    assert [s.item_id for s in chosen] == ["a", "c"] and [s.item_id for s in duplicates] == ["b"]
+    sim = similarity_matrix(items, [None, None, None])
+    chosen, duplicates, rest = mmr_order(items, sim, limit=10)
+    assert [s.item_id for s in chosen] == ["a", "c"] and [s.item_id for s in duplicates] == ["b"] and not rest
+
+
+def test_mmr_stops_at_the_limit_and_returns_the_rest():
+    items = [item(str(i), 1.0 - i / 100, f"topic{i} words{i}") for i in range(20)]
+    chosen, _, rest = mmr_order(items, similarity_matrix(items, [None] * 20), limit=5)
+    assert [s.item_id for s in chosen] == ["0", "1", "2", "3", "4"] and len(rest) == 15
+
+
+def test_similarity_uses_cosine_when_vectors_exist():
+    items = [item("a", 1.0, "x"), item("b", 0.5, "y")]
+    v = np.array([1.0, 0.0])
+    sim = similarity_matrix(items, [v, v])
+    assert sim[0, 1] == pytest.approx(1.0)
