@@ -38,7 +38,7 @@ class AttemptRecord(BaseModel):
     hardware_key: str
     backend: str
     build_hash: str
-    source: str
+    source: str = Field("", description="The kernel source; empty in retrieval summaries (see store.sources).")
     source_hash: str
     flags: list[str]
     ok: bool = Field(description="Compiled.")

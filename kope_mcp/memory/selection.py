@@ -52,7 +52,6 @@ class Scored:
     text: str
     tokens: int
     words: frozenset[str] = field(default_factory=frozenset)
-    compact: str | None = None  # a shorter rendering (no diff) to use when the full one does not fit
 
 
 def mmr_order(items: list[Scored], similarity: np.ndarray, limit: int
@@ -105,10 +104,6 @@ def pack(items: list[Scored], budget: int, max_items: int) -> tuple[list[Scored]
     skipped: list[Scored] = []
     used = 0
     for item in items:
-        if len(taken) < max_items and used + item.tokens > budget and item.compact:
-            short = estimate_tokens(item.compact)
-            if used + short <= budget:
-                item.text, item.tokens, item.compact = item.compact, short, None
         if len(taken) < max_items and used + item.tokens <= budget:
             taken.append(item)
             used += item.tokens

@@ -41,6 +41,8 @@ _LESSON_COLUMNS: dict[str, str] = {
     "confidence": "DOUBLE", "agent": "STRING", "created_at": "STRING", "search_text": "STRING",
 }
 _JSON_FIELDS = ("flags", "profile_warnings")
+_GOT_FURTHER = "c.ok = true AND (p.ok = false OR c.correct = true)"
+_SUMMARY_RETURN = ", ".join(f"a.{c} AS {c}" for c in _ATTEMPT_COLUMNS if c not in ("source", "search_text"))
 
 
 def _table(name: str, columns: dict[str, str], key: str) -> str:
@@ -87,19 +89,26 @@ class KuzuExperienceStore:
         self._db = kuzu.Database(str(path))
         self._conn = kuzu.Connection(self._db)
         self._lock = threading.RLock()
+        self._generation = 0  # bumped by every write; read caches key on it
+        self._best_cache: tuple[int, int, list[AttemptRecord]] | None = None
         self._migrate()
 
     # --- plumbing ------------------------------------------------------------------------------------------
     def _rows(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         with self._lock:
-            result = self._conn.execute(query, params or {})
-            assert not isinstance(result, list)
+            result = self._run(query, params)
             names = result.get_column_names()
             return [dict(zip(names, row, strict=True)) for row in result.get_all()]
 
     def _exec(self, query: str, params: dict[str, Any] | None = None) -> None:
         with self._lock:
-            self._conn.execute(query, params or {})
+            self._run(query, params)
+            self._generation += 1  # every _exec is a write (reads go through _rows)
+
+    def _run(self, query: str, params: dict[str, Any] | None) -> kuzu.QueryResult:
+        result = self._conn.execute(query, params or {})
+        assert not isinstance(result, list)
+        return result
 
     def _migrate(self) -> None:
         with self._lock:
@@ -200,45 +209,108 @@ class KuzuExperienceStore:
             raise UnknownKernelError(kernel_id)
         return _attempt(rows[0]["a"])
 
-    def attempts(self, where: str = "", params: dict[str, Any] | None = None, order: str = "a.created_at",
-                 limit: int | None = None) -> list[AttemptRecord]:
-        """Attempts matching a WHERE clause over ``a`` (built by callers in services/memory, never from input)."""
-        clause = f"WHERE {where} " if where else ""
-        tail = f" LIMIT {int(limit)}" if limit else ""
-        return [_attempt(r["a"]) for r in self._rows(f"MATCH (a:Attempt) {clause}RETURN a ORDER BY {order}{tail}",
-                                                     params)]
+    def all_attempts(self) -> list[AttemptRecord]:
+        """Every attempt with its source, oldest first (export)."""
+        return [_attempt(r["a"]) for r in self._rows("MATCH (a:Attempt) RETURN a ORDER BY a.created_at")]
+
+    def attempts_in_session(self, session_id: str) -> list[AttemptRecord]:
+        return self._summaries("MATCH (a:Attempt)-[:IN_SESSION]->(s:Session {session_id: $s})", "",
+                               {"s": session_id}, "a.created_at", 100_000)
+
+    # Candidate queries for retrieval: walk edges from an indexed node (a Task, a Session) instead of scanning,
+    # and leave out the source text (fetched with `sources` for the few items that get shown).
+    def _summaries(self, match: str, where: str, params: dict[str, Any], order: str, limit: int) -> list[AttemptRecord]:
+        clause = f" WHERE {where}" if where else ""
+        rows = self._rows(f"{match}{clause} RETURN {_SUMMARY_RETURN} ORDER BY {order} LIMIT {int(limit)}", params)
+        return [_attempt(row) for row in rows]
+
+    def attempts_for_task(self, task_id: str, limit: int) -> list[AttemptRecord]:
+        return self._summaries("MATCH (a:Attempt)-[:FOR_TASK]->(t:Task {id: $t})", "", {"t": task_id},
+                               "a.downstream DESC", limit)
+
+    def attempts_for_family(self, family: str, exclude_task: str | None, limit: int) -> list[AttemptRecord]:
+        return self._summaries("MATCH (a:Attempt)-[:FOR_TASK]->(t:Task)", "t.family = $f AND t.id <> $x",
+                               {"f": family, "x": exclude_task or ""}, "a.downstream DESC", limit)
+
+    def attempts_with_signature(self, signature: str, limit: int) -> list[AttemptRecord]:
+        return self._summaries("MATCH (a:Attempt)", "a.error_signature = $s", {"s": signature},
+                               "a.created_at DESC", limit)
+
+    def best_attempts(self, limit: int) -> list[AttemptRecord]:
+        """The best effective attempts anywhere (a full scan, so cached until the next write)."""
+        with self._lock:
+            cached = self._best_cache
+            if cached is not None and cached[0] == self._generation and cached[1] >= limit:
+                return cached[2][:limit]
+            found = self._summaries("MATCH (a:Attempt)", "a.label = 'effective'", {}, "a.downstream DESC", limit)
+            self._best_cache = (self._generation, limit, found)
+            return found
+
+    def attempts_by_id(self, kernel_ids: list[str]) -> list[AttemptRecord]:
+        # UNWIND + a primary-key match is an index lookup per id; `IN $ids` would scan the table.
+        if not kernel_ids:
+            return []
+        return self._summaries("UNWIND $ids AS i MATCH (a:Attempt {kernel_id: i})", "", {"ids": kernel_ids},
+                               "a.created_at", len(kernel_ids))
+
+    def sources(self, kernel_ids: list[str]) -> dict[str, str]:
+        if not kernel_ids:
+            return {}
+        return {r["k"]: r["s"] for r in self._rows(
+            "UNWIND $ids AS i MATCH (a:Attempt {kernel_id: i}) RETURN a.kernel_id AS k, a.source AS s",
+            {"ids": kernel_ids})}
 
     def latest_in_session(self, session_id: str) -> AttemptRecord | None:
-        found = self.attempts("a.session_id = $s", {"s": session_id}, order="a.created_at DESC", limit=1)
-        return found[0] if found else None
+        rows = self._rows("MATCH (a:Attempt)-[:IN_SESSION]->(s:Session {session_id: $s}) RETURN a "
+                          "ORDER BY a.created_at DESC LIMIT 1", {"s": session_id})
+        return _attempt(rows[0]["a"]) if rows else None
 
     def successors(self, kernel_id: str) -> list[AttemptRecord]:
         return [_attempt(r["c"]) for r in self._rows(
             "MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: $k}) RETURN c ORDER BY c.created_at", {"k": kernel_id})]
 
-    def fixes_of(self, kernel_ids: list[str]) -> dict[str, AttemptRecord]:
-        """For each failing attempt, the attempt that got further (compiled, or passed its tests): a PREV
-        successor first, else the very next attempt of the same session (agents often fix an error without
-        naming the failing kernel as the parent)."""
-        got_further = "c.ok = true AND (p.ok = false OR c.correct = true)"
-        params = {"ids": kernel_ids}
+    def prev_fixes(self, kernel_ids: list[str]) -> dict[str, AttemptRecord]:
+        """For each failing attempt, its first PREV successor that got further (compiled, or passed tests)."""
         fixes: dict[str, AttemptRecord] = {}
-        for row in self._rows(f"MATCH (c:Attempt)-[:PREV]->(p:Attempt) WHERE p.kernel_id IN $ids AND {got_further} "
-                              "RETURN p.kernel_id AS p, c ORDER BY c.created_at", params):
-            fixes.setdefault(row["p"], _attempt(row["c"]))
-        failing = self._rows("MATCH (p:Attempt) WHERE p.kernel_id IN $ids RETURN p.kernel_id AS id, "
-                             "p.session_id AS s, p.created_at AS t, p.ok AS ok", params)
-        by_session: dict[str, list[dict[str, Any]]] = {}
-        for row in self._rows("MATCH (c:Attempt) WHERE c.session_id IN $s RETURN c ORDER BY c.created_at",
-                              {"s": sorted({f["s"] for f in failing})}):
-            by_session.setdefault(row["c"]["session_id"], []).append(row["c"])
-        for parent in failing:
-            if parent["id"] in fixes:
-                continue
-            child = next((c for c in by_session.get(parent["s"], []) if c["created_at"] > parent["t"]), None)
-            if child is not None and child["ok"] and (not parent["ok"] or child["correct"]):
-                fixes[parent["id"]] = _attempt(child)
+        for row in self._rows("UNWIND $ids AS i MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: i}) "
+                              f"WHERE {_GOT_FURTHER} RETURN p.kernel_id AS parent, "
+                              f"{_SUMMARY_RETURN.replace('a.', 'c.')} ORDER BY c.created_at", {"ids": kernel_ids}):
+            fixes.setdefault(row.pop("parent"), _attempt(row))
         return fixes
+
+    def session_next_fixes(self, kernel_ids: list[str]) -> dict[str, AttemptRecord]:
+        """For each failing attempt, the very next attempt of its session when that one got further."""
+        failing = self._rows("UNWIND $ids AS i MATCH (p:Attempt {kernel_id: i}) RETURN p.kernel_id AS id, "
+                             "p.session_id AS s, p.created_at AS t, p.ok AS ok", {"ids": kernel_ids})
+        by_session: dict[str, list[AttemptRecord]] = {}
+        for row in self._rows("UNWIND $s AS sid MATCH (a:Attempt)-[:IN_SESSION]->(s:Session {session_id: sid}) "
+                              f"RETURN {_SUMMARY_RETURN} ORDER BY a.created_at",
+                              {"s": sorted({f["s"] for f in failing})}):
+            child = _attempt(row)
+            by_session.setdefault(child.session_id, []).append(child)
+        fixes: dict[str, AttemptRecord] = {}
+        for parent in failing:
+            nxt = next((c for c in by_session.get(parent["s"], []) if c.created_at > parent["t"]), None)
+            if nxt is not None and got_further(parent["ok"], nxt):
+                fixes[parent["id"]] = nxt
+        return fixes
+
+    def attempt_summaries(self) -> Iterator[dict[str, Any]]:
+        """Every attempt without its source, as plain dicts (fast: no record validation), for RetrievalIndex."""
+        for row in self._rows(f"MATCH (a:Attempt) RETURN {_SUMMARY_RETURN}"):
+            for name in _JSON_FIELDS:
+                row[name] = json.loads(row.get(name) or "[]")
+            yield row
+
+    def prev_children(self, kernel_ids: list[str]) -> list[tuple[str, str]]:
+        """(parent, child) PREV pairs for these parents, children oldest first."""
+        return [(r["p"], r["c"]) for r in self._rows(
+            "UNWIND $ids AS i MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: i}) "
+            "RETURN p.kernel_id AS p, c.kernel_id AS c ORDER BY c.created_at", {"ids": kernel_ids})]
+
+    def lesson_keys(self) -> list[dict[str, Any]]:
+        return self._rows("MATCH (l:Lesson) RETURN l.lesson_id AS lesson_id, l.task_id AS task_id, "
+                          "l.family AS family, l.created_at AS created_at")
 
     # --- strategies and lessons ----------------------------------------------------------------------------
     def strategies(self) -> list[StrategyRecord]:
@@ -274,12 +346,22 @@ class KuzuExperienceStore:
             raise UnknownExperienceError(lesson_id)
         return _lesson(rows[0]["l"])
 
-    def lessons(self, where: str = "", params: dict[str, Any] | None = None,
-                limit: int | None = None) -> list[LessonRecord]:
-        clause = f"WHERE {where} " if where else ""
-        tail = f" LIMIT {int(limit)}" if limit else ""
+    def lessons_by_id(self, lesson_ids: list[str]) -> list[LessonRecord]:
+        if not lesson_ids:
+            return []
+        return [_lesson(r["l"]) for r in self._rows("UNWIND $ids AS i MATCH (l:Lesson {lesson_id: i}) RETURN l",
+                                                    {"ids": lesson_ids})]
+
+    def lessons_in_scope(self, task_id: str | None, family: str | None, limit: int) -> list[LessonRecord]:
+        """General lessons plus those about this task or family, newest first (a scan; see RetrievalIndex)."""
         return [_lesson(r["l"]) for r in self._rows(
-            f"MATCH (l:Lesson) {clause}RETURN l ORDER BY l.created_at DESC{tail}", params)]
+            "MATCH (l:Lesson) WHERE (l.task_id IS NULL AND l.family IS NULL) OR l.task_id = $t OR l.family = $f "
+            f"RETURN l ORDER BY l.created_at DESC LIMIT {int(limit)}", {"t": task_id or "", "f": family or ""})]
+
+    def lessons_for_attempt(self, kernel_id: str) -> list[LessonRecord]:
+        return [_lesson(r["l"]) for r in self._rows(
+            "MATCH (l:Lesson)-[:FROM_ATTEMPT]->(a:Attempt {kernel_id: $k}) RETURN l ORDER BY l.created_at",
+            {"k": kernel_id})]
 
     # --- text and vector search ----------------------------------------------------------------------------
     def full_text(self, query: str, limit: int) -> list[tuple[str, str, float]]:
@@ -377,6 +459,11 @@ class KuzuExperienceStore:
         return bool(self._rows(f"MATCH (n:{table}) WHERE n.{key} = $v RETURN count(n) AS c", {"v": value})[0]["c"])
 
 
+def got_further(parent_ok: bool, child: AttemptRecord) -> bool:
+    """The child fixed the parent's failure: it compiled where the parent did not, or it passed its tests."""
+    return child.ok and (not parent_ok or bool(child.correct))
+
+
 def _unwind_assignments(row: dict[str, Any], columns: dict[str, str]) -> str:
     # UNWIND infers a struct field's type from the values; a column that is NULL in every row comes out as
     # STRING, so every non-string column is cast explicitly.
@@ -400,6 +487,7 @@ def attempt_search_text(record: AttemptRecord) -> str:
 
 def _attempt(node: dict[str, Any]) -> AttemptRecord:
     data = {k: v for k, v in node.items() if k in _ATTEMPT_COLUMNS and k != "search_text"}
+    data.setdefault("source", "")  # summaries leave the source out
     for name in _JSON_FIELDS:
         data[name] = json.loads(data.get(name) or "[]")
     return AttemptRecord.model_validate(data)

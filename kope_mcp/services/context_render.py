@@ -34,8 +34,8 @@ def short_diff(before: str | None, after: str | None) -> str:
     return "\n".join(shown)
 
 
-def render_item(cand: Candidate, task_id: str | None) -> tuple[str, str | None]:
-    """(full text, compact text or None): the compact one drops the diff."""
+def render_item(cand: Candidate, task_id: str | None, sources: dict[str, str] | None = None) -> str:
+    """One bullet of compact case fields; with ``sources``, cases and fixes also get a before/after diff."""
     rec = cand.attempt
     where = ""
     if rec is not None:
@@ -44,14 +44,14 @@ def render_item(cand: Candidate, task_id: str | None) -> tuple[str, str | None]:
         head = (f"- [{rec.label}, step x{rec.step_ratio or 0:.2f}, {rec.speedup or 0:.2f}x vs naive, "
                 f"confidence {rec.confidence:.2f}] {where}: {rec.strategy or 'unnamed change'}; flags "
                 f"{' '.join(rec.flags) or '-'} ({rec.kernel_id}, {rec.hardware_key})")
-        diff = short_diff(cand.parent_source, rec.source)
-        return (f"{head}\n{diff}" if diff else head), (head if diff else None)
+        diff = short_diff(sources.get(rec.parent_id or ""), sources.get(rec.kernel_id)) if sources else ""
+        return f"{head}\n{diff}" if diff else head
     if cand.kind == "fix" and rec is not None and cand.fix is not None:
         problem = rec.error_signature or rec.failure or "failure"
         head = (f"- {where}: `{problem}` ({rec.kernel_id}) was fixed by {cand.fix.kernel_id}"
                 f"{': ' + cand.fix.strategy if cand.fix.strategy else ''}")
-        diff = short_diff(rec.source, cand.fix.source)
-        return (f"{head}\n{diff}" if diff else head), (head if diff else None)
+        diff = short_diff(sources.get(rec.kernel_id), sources.get(cand.fix.kernel_id)) if sources else ""
+        return f"{head}\n{diff}" if diff else head
     if cand.kind == "pitfall" and rec is not None:
         if not rec.ok:
             outcome = f"did not compile: {rec.error_signature or 'error'}"
@@ -60,7 +60,7 @@ def render_item(cand: Candidate, task_id: str | None) -> tuple[str, str | None]:
         else:
             outcome = f"{rec.label}: {rec.speedup or 0:.2f}x vs naive, step x{rec.step_ratio or 0:.2f}"
         return (f"- AVOID {rec.strategy or 'this change'} on {where}: {outcome} ({rec.kernel_id}, "
-                f"{rec.hardware_key})"), None
+                f"{rec.hardware_key})")
     lesson = cand.lesson
     assert lesson is not None
     status = (f"verified, {lesson.label}" + (f", {lesson.speedup:.2f}x" if lesson.speedup else "")
@@ -69,8 +69,19 @@ def render_item(cand: Candidate, task_id: str | None) -> tuple[str, str | None]:
     text = f"- [{status}] {scope} / {lesson.strategy}: {lesson.text}"
     if lesson.rationale:
         text += f" (why: {lesson.rationale})"
-    compact = f"- [{status}] {scope} / {lesson.strategy}: {lesson.text[:200]}"
-    return text[:1600], (compact if len(compact) < len(text[:1600]) else None)
+    return text[:1600]
+
+
+def source_ids(cand: Candidate) -> list[str]:
+    """The sources a diff of this candidate needs."""
+    rec = cand.attempt
+    if rec is None:
+        return []
+    if cand.kind == "case" and rec.parent_id:
+        return [rec.parent_id, rec.kernel_id]
+    if cand.kind == "fix" and cand.fix is not None:
+        return [rec.kernel_id, cand.fix.kernel_id]
+    return []
 
 
 def hot_section(hot: list[tuple[str, str, str]]) -> str:

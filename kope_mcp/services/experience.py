@@ -22,13 +22,15 @@ from kope_mcp.memory.selection import (
     word_set,
 )
 from kope_mcp.models import Phase, QueryResult, RecordResult
-from kope_mcp.services.context_render import hot_section, render_context, render_item
+from kope_mcp.services.context_render import hot_section, render_context, render_item, source_ids
 from kope_mcp.services.memory import ExperienceMemory, new_id, now
 from kope_mcp.tasks.registry import TaskRegistry
 
 MAX_QUERY_CHARS = 2000
 MAX_LESSON_CHARS = 4000
-CANDIDATES_PER_SOURCE = 200
+CANDIDATES_PER_SOURCE = 60  # per graph filter; the best by downstream score come first
+MAX_FIX_LOOKUPS = 40
+SECTION_HEADER_RESERVE = 60  # tokens kept free for the markdown headers when adding diffs
 Kind = Literal["case", "fix", "pitfall", "lesson"]
 
 
@@ -43,7 +45,6 @@ class Candidate:
     attempt: AttemptRecord | None = None
     lesson: LessonRecord | None = None
     fix: AttemptRecord | None = None
-    parent_source: str | None = None
     bm25: float = 0.0
     cosine: float = 0.0
     reasons: list[str] = field(default_factory=list)
@@ -104,6 +105,7 @@ class ExperienceService:
         )
         text = " ".join(p for p in (task_id, family, canonical.name, opt_layer, record.text, rationale) if p)
         self.store.add_lesson(record, text)
+        self.memory.index_lesson(record)
         self.memory.enqueue_embedding("lesson", record.lesson_id, text)
         return RecordResult(
             experience_id=record.lesson_id, attempt_id=record.attempt_id, label=label, verified=verified,
@@ -132,9 +134,9 @@ class ExperienceService:
                 dropped["no_measured_value"] = dropped.get("no_measured_value", 0) + 1
                 continue
             tier, score = tier_score
-            text, compact = render_item(cand, state.task_id)
-            scored[cand.item_id] = (Scored(cand.item_id, score, text, estimate_tokens(text), word_set(text),
-                                           compact=compact), cand, tier)
+            text = render_item(cand, state.task_id)
+            scored[cand.item_id] = (Scored(cand.item_id, score, text, estimate_tokens(text), word_set(text)),
+                                    cand, tier)
         hot_tokens = estimate_tokens(hot_section(hot)) + 1 if hot else 0
         chosen: list[tuple[Scored, Candidate, str]] = []
         if hot_tokens > token_budget:
@@ -145,7 +147,7 @@ class ExperienceService:
         else:
             remaining = token_budget - hot_tokens
             for tier, cap, share in (("warm", WARM_MAX_ITEMS, WARM_SHARE), ("cold", COLD_MAX_ITEMS, 1.0)):
-                pool = sorted((s for s, _, t in scored.values() if t == tier), key=lambda s: -s.score)
+                pool = sorted((s for s, _, t in scored.values() if t == tier), key=lambda s: (-s.score, s.item_id))
                 sim = similarity_matrix(pool, [self.memory.vectors.vector(s.item_id) for s in pool])
                 # Look at a few times the cap so packing can still skip items that do not fit.
                 ordered, duplicates, rest = mmr_order(pool, sim, limit=3 * cap)
@@ -155,6 +157,7 @@ class ExperienceService:
                 remaining -= sum(s.tokens for s in taken)
                 dropped["budget_or_cap"] = dropped.get("budget_or_cap", 0) + len(skipped) + len(rest)
                 chosen += [(s, scored[s.item_id][1], tier) for s in taken]
+            self._add_diffs(chosen, state.task_id, remaining - SECTION_HEADER_RESERVE)
         context, items, used = render_context(hot, chosen, token_budget)
         semantic = self.memory.semantic_ready
         if not semantic:
@@ -167,13 +170,26 @@ class ExperienceService:
             semantic_status=self.memory.semantic_status, warnings=warnings,
         )
 
+    def _add_diffs(self, chosen: list[tuple[Scored, Candidate, str]], task_id: str | None, spare: int) -> None:
+        """Give the best chosen cases and fixes their before/after diff while the spare budget allows."""
+        wanted = [i for _, cand, _ in chosen for i in source_ids(cand)]
+        sources = self.store.sources(sorted(set(wanted))) if wanted and spare > 0 else {}
+        for scored, cand, _ in sorted(chosen, key=lambda item: -item[0].score):
+            if not source_ids(cand) or spare <= 0:
+                continue
+            text = render_item(cand, task_id, sources)
+            extra = estimate_tokens(text) - scored.tokens
+            if 0 < extra <= spare:
+                scored.text, scored.tokens = text, scored.tokens + extra
+                spare -= extra
+
     def _state(self, task_id: str | None, session_id: str | None, phase: Phase | None,
                hardware: str | None) -> QueryState:
         latest = incumbent = None
         if session_id:
             session = self.store.session(session_id)
             task_id = task_id or session.task_id
-            latest = self.store.latest_in_session(session_id)
+            latest = self.memory.latest_in_session(session_id)
             incumbent = self.store.attempt(session.incumbent_id) if session.incumbent_id else None
         family = self.tasks.get(task_id).spec.family if task_id else None
         inferred: Phase = "start"
@@ -197,22 +213,14 @@ class ExperienceService:
 
         limit = CANDIDATES_PER_SOURCE
         if state.task_id:
-            add_attempts(self.store.attempts("a.task_id = $t", {"t": state.task_id}, "a.downstream DESC", limit),
-                         "same task")
+            add_attempts(self.memory.attempts_for_task(state.task_id, limit), "same task")
         if state.family:
-            add_attempts(self.store.attempts("a.family = $f AND a.task_id <> $t",
-                                             {"f": state.family, "t": state.task_id or ""}, "a.downstream DESC",
-                                             limit), "same family")
+            add_attempts(self.memory.attempts_for_family(state.family, state.task_id, limit), "same family")
         if state.signature:
-            add_attempts(self.store.attempts("a.error_signature = $s", {"s": state.signature}, "a.created_at DESC",
-                                             limit), "same error signature")
-        add_attempts(self.store.attempts("a.label = 'effective'", {}, "a.downstream DESC", limit // 2),
-                     "effective elsewhere")
+            add_attempts(self.memory.attempts_with_signature(state.signature, limit), "same error signature")
+        add_attempts(self.memory.best_attempts(limit // 2), "effective elsewhere")
         lessons: dict[str, LessonRecord] = {}
-        lesson_where = "l.task_id IS NULL" + (" OR l.task_id = $t" if state.task_id else "") + \
-            (" OR l.family = $f" if state.family else "")
-        for lesson in self.store.lessons(lesson_where, {k: v for k, v in (("t", state.task_id),
-                                                                           ("f", state.family)) if v}, limit):
+        for lesson in self.memory.scoped_lessons(state.task_id, state.family, limit):
             lessons[lesson.lesson_id] = lesson
             reasons.setdefault(lesson.lesson_id, []).append("scope match")
         text_query = " ".join(p for p in (query, state.task_id, state.signature) if p)
@@ -223,19 +231,18 @@ class ExperienceService:
         if vectors:
             cosine = {item_id: score for item_id, kind, score in self.memory.vectors.search(vectors[0], 50)
                       if kind in ("attempt", "lesson")}
-        extra = [i for i in list(bm25) + list(cosine) if i not in attempts and i not in lessons]
+        extra = [i for i in dict.fromkeys([*bm25, *cosine]) if i not in attempts and i not in lessons]
         if extra:
-            add_attempts(self.store.attempts("a.kernel_id IN $ids", {"ids": extra}), "text match")
-            for lesson in self.store.lessons("l.lesson_id IN $ids", {"ids": extra}):
+            add_attempts(self.memory.attempts_by_id([i for i in extra if i.startswith("k-")]), "text match")
+            lesson_ids = [i for i in extra if i.startswith("x-")]
+            for lesson in self.store.lessons_by_id(lesson_ids):
                 lessons[lesson.lesson_id] = lesson
                 reasons.setdefault(lesson.lesson_id, []).append("text match")
         top_bm25 = max(bm25.values(), default=1.0) or 1.0
-        failing = [k for k, a in attempts.items() if not a.ok or a.correct is False]
-        fixes = self.store.fixes_of(failing) if failing else {}
-        parents = {a.parent_id for a in attempts.values() if a.parent_id and a.speedup is not None}
-        parent_sources = {p.kernel_id: p.source for p in self.store.attempts("a.kernel_id IN $ids",
-                                                                              {"ids": sorted(parents)})} \
-            if parents else {}
+        # Fixes matter for failures like the current one: same error signature first, then the same task.
+        failing = sorted((a for a in attempts.values() if not a.ok or a.correct is False),
+                         key=lambda a: (a.error_signature != state.signature, a.task_id != state.task_id))
+        fixes = self.memory.fixes_of(failing[:MAX_FIX_LOOKUPS]) if failing else {}
         latest_id = state.latest.kernel_id if state.latest is not None else None
         for kid, rec in attempts.items():
             if kid == latest_id:
@@ -249,7 +256,6 @@ class ExperienceService:
             else:
                 continue  # compiled but never measured: nothing to learn from yet
             found[kid] = Candidate(kind=kind, item_id=kid, attempt=rec, fix=fixes.get(kid),
-                                   parent_source=parent_sources.get(rec.parent_id or ""),
                                    bm25=bm25.get(kid, 0.0) / top_bm25, cosine=cosine.get(kid, 0.0),
                                    reasons=reasons.get(kid, []))
         for lid, lesson in lessons.items():

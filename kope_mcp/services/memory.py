@@ -13,9 +13,10 @@ from datetime import UTC, datetime
 from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, step_ratio
-from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord, StrategyRecord
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
+from kope_mcp.memory.retrieval_index import LessonKey, RetrievalIndex, summary_row
 from kope_mcp.memory.signature import compile_signature, failure_signature
-from kope_mcp.memory.store import EMBEDDING_DIM, KuzuExperienceStore
+from kope_mcp.memory.store import EMBEDDING_DIM, KuzuExperienceStore, got_further
 from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
 from kope_mcp.memory.vectors import VectorIndex
 from kope_mcp.models import ProfileReport, TestReport
@@ -41,7 +42,9 @@ class ExperienceMemory:
         self.store = store
         self.embedder = embedder
         self.vectors = VectorIndex(EMBEDDING_DIM)
+        self.index = RetrievalIndex()
         self._vectors_loaded = threading.Event()
+        self._loader: threading.Thread | None = None
         self._known_tasks: set[str] = set()
         self._known_hardware: set[str] = set()
         self._strategy_lock = threading.Lock()
@@ -50,13 +53,28 @@ class ExperienceMemory:
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Load the embedding model and embed in the background; nothing here blocks the caller."""
+        """Load the read indexes, the vectors and the embedding model in the background; nothing here blocks."""
         self.embedder.start()
+        if self._loader is None:
+            self._loader = threading.Thread(target=self.load_index, name="kope-index-loader", daemon=True)
+            self._loader.start()
         if self.embedder.enabled and self._worker is None:
             self._worker = threading.Thread(target=self._embed_loop, name="kope-embed-worker", daemon=True)
             self._worker.start()
 
+    def load_index(self) -> None:
+        self.index.load((summary_row(row) for row in self.store.attempt_summaries()),
+                        (LessonKey(**row) for row in self.store.lesson_keys()))
+
+    def wait_index(self, timeout: float = 120.0) -> bool:
+        if self._loader is not None:
+            self._loader.join(timeout)
+        return self.index.loaded
+
     def stop(self) -> None:
+        if self._loader is not None:
+            self._loader.join(timeout=30)
+            self._loader = None
         if self._worker is not None:
             self._queue.put(None)
             self._worker.join(timeout=10)
@@ -174,6 +192,7 @@ class ExperienceMemory:
         record.error_signature = compile_signature(first_error)
         record.label = label_for(record.ok, None, None)
         self.store.add_attempt(record)
+        self.index.upsert_attempt(record)
         self._refresh_downstream(record.kernel_id)
         self.enqueue_embedding("attempt", record.kernel_id, _embedding_text(record))
         return record
@@ -183,7 +202,7 @@ class ExperienceMemory:
         unwritten = sum(c.unwritten for c in report.cases)
         signature = failure_signature(report.failure, report.message, unwritten) or attempt.error_signature
         label = label_for(attempt.ok, report.passed, attempt.step_ratio if report.passed else None)
-        self.store.update_attempt(kernel_id, tested=True, correct=report.passed, failure=report.failure,
+        self._update(kernel_id, tested=True, correct=report.passed, failure=report.failure,
                                   failure_message=report.message[:2000], error_signature=signature, label=label)
         self._refresh_downstream(kernel_id)
 
@@ -192,7 +211,7 @@ class ExperienceMemory:
         ratio = step_ratio(report.speedup_vs_baseline, self._predecessor_speedup(attempt))
         noisy = any(w.startswith("noisy") for w in report.warnings)
         confidence = measurement_confidence(report.speedup_vs_baseline, report.speedup_vs_baseline_ci95, noisy)
-        self.store.update_attempt(
+        self._update(
             kernel_id, median_s=report.kernel.median_s, speedup=report.speedup_vs_baseline,
             speedup_ci_low=report.speedup_vs_baseline_ci95[0], speedup_vs_reference=report.speedup_vs_reference,
             step_ratio=ratio, label=label_for(True, True, ratio), confidence=confidence,
@@ -205,11 +224,77 @@ class ExperienceMemory:
         for child in self.store.successors(kernel_id):
             if child.speedup is not None:
                 child_ratio = step_ratio(child.speedup, report.speedup_vs_baseline)
-                self.store.update_attempt(child.kernel_id, step_ratio=child_ratio,
+                self._update(child.kernel_id, step_ratio=child_ratio,
                                           label=label_for(True, True, child_ratio))
                 self._refresh_downstream(child.kernel_id)
         self._refresh_downstream(kernel_id)
         self.enqueue_embedding("attempt", kernel_id, _embedding_text(self.store.attempt(kernel_id)))
+
+    def _update(self, kernel_id: str, **fields: object) -> None:
+        self.store.update_attempt(kernel_id, **fields)
+        self.index.update_attempt(kernel_id, **fields)
+
+    def index_lesson(self, lesson: LessonRecord) -> None:
+        self.index.add_lesson(LessonKey(lesson.lesson_id, lesson.task_id, lesson.family, lesson.created_at))
+
+    # --- the read path: the in-memory index when loaded, the store's scans until then ------------------------
+    def attempts_for_task(self, task_id: str, limit: int) -> list[AttemptRecord]:
+        if self.index.loaded:
+            return self.index.get(self.index.top_for_task(task_id, limit))
+        return self.store.attempts_for_task(task_id, limit)
+
+    def attempts_for_family(self, family: str, exclude_task: str | None, limit: int) -> list[AttemptRecord]:
+        if self.index.loaded:
+            return self.index.get(self.index.top_for_family(family, exclude_task, limit))
+        return self.store.attempts_for_family(family, exclude_task, limit)
+
+    def attempts_with_signature(self, signature: str, limit: int) -> list[AttemptRecord]:
+        if self.index.loaded:
+            return self.index.get(self.index.with_signature(signature, limit))
+        return self.store.attempts_with_signature(signature, limit)
+
+    def best_attempts(self, limit: int) -> list[AttemptRecord]:
+        if self.index.loaded:
+            return self.index.get(self.index.best(limit))
+        return self.store.best_attempts(limit)
+
+    def attempts_by_id(self, kernel_ids: list[str]) -> list[AttemptRecord]:
+        return self.index.get(kernel_ids) if self.index.loaded else self.store.attempts_by_id(kernel_ids)
+
+    def latest_in_session(self, session_id: str) -> AttemptRecord | None:
+        if self.index.loaded:
+            latest = self.index.latest_in_session(session_id)
+            return self.store.attempt(latest) if latest else None
+        return self.store.latest_in_session(session_id)
+
+    def scoped_lessons(self, task_id: str | None, family: str | None, limit: int) -> list[LessonRecord]:
+        if self.index.loaded:
+            return self.store.lessons_by_id(self.index.lessons_in_scope(task_id, family, limit))
+        return self.store.lessons_in_scope(task_id, family, limit)
+
+    def fixes_of(self, failing: list[AttemptRecord]) -> dict[str, AttemptRecord]:
+        """Error -> fix pairs: a PREV successor that got further, else the session's very next attempt (agents
+        often fix an error without naming the failing kernel as the parent)."""
+        if not self.index.loaded:
+            fixes = self.store.prev_fixes([f.kernel_id for f in failing])
+            rest = [f.kernel_id for f in failing if f.kernel_id not in fixes]
+            return {**self.store.session_next_fixes(rest), **fixes} if rest else fixes
+        pairs = self.store.prev_children([f.kernel_id for f in failing])
+        children = {a.kernel_id: a for a in self.index.get(c for _, c in pairs)}
+        fixes = {}
+        by_id = {f.kernel_id: f for f in failing}
+        for parent_id, child_id in pairs:
+            child = children.get(child_id)
+            if parent_id not in fixes and child is not None and got_further(by_id[parent_id].ok, child):
+                fixes[parent_id] = child
+        for parent in failing:
+            if parent.kernel_id in fixes:
+                continue
+            nxt = self.index.next_in_session(parent.kernel_id)
+            child = self.index.get([nxt])[0] if nxt else None
+            if child is not None and got_further(parent.ok, child):
+                fixes[parent.kernel_id] = child
+        return fixes
 
     def _predecessor_speedup(self, attempt: AttemptRecord) -> float | None:
         """The speedup of the nearest measured ancestor; None means the naive baseline (speedup 1)."""
@@ -229,7 +314,7 @@ class ExperienceMemory:
             attempt = self.store.attempt(kernel_id)
             own = attempt.step_ratio if attempt.correct and attempt.step_ratio is not None else 0.0
             score = downstream(own, [c.downstream for c in self.store.successors(kernel_id)])
-            self.store.update_attempt(kernel_id, downstream=score)
+            self._update(kernel_id, downstream=score)
             kernel_id, steps = attempt.parent_id, steps + 1
 
 

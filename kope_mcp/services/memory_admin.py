@@ -57,14 +57,14 @@ def show_item(memory: ExperienceMemory, item_id: str) -> dict[str, Any]:
         attempt = store.attempt(item_id)
         return {"attempt": attempt.model_dump(),
                 "successors": [s.kernel_id for s in store.successors(item_id)],
-                "lessons": [lesson.model_dump() for lesson in store.lessons("l.attempt_id = $k", {"k": item_id})]}
+                "lessons": [lesson.model_dump() for lesson in store.lessons_for_attempt(item_id)]}
     if item_id.startswith("x-") and store.has_node("Lesson", "lesson_id", item_id):
         return {"lesson": store.lesson(item_id).model_dump()}
     if item_id.startswith("s-") and store.has_node("Session", "session_id", item_id):
         return {"session": store.session(item_id).model_dump(),
                 "attempts": [{"kernel_id": a.kernel_id, "parent_id": a.parent_id, "label": a.label,
                               "speedup": a.speedup, "strategy": a.strategy}
-                             for a in store.attempts("a.session_id = $s", {"s": item_id})]}
+                             for a in store.attempts_in_session(item_id)]}
     raise UnknownExperienceError(item_id)
 
 
@@ -84,7 +84,7 @@ def export_memory(memory: ExperienceMemory, path: Path) -> dict[str, int]:
             write("strategy", strategy.model_dump())
         for session in store.sessions():
             write("session", session.model_dump())
-        for attempt in store.attempts():
+        for attempt in store.all_attempts():
             write("attempt", attempt.model_dump())
         for node in sorted(store.raw_nodes("Lesson"), key=lambda n: n["created_at"]):
             write("lesson", node)

@@ -15,13 +15,6 @@ def test_pack_never_exceeds_the_budget_and_lets_smaller_items_fill_gaps():
     assert sum(s.tokens for s in taken) <= 30
 
 
-def test_pack_falls_back_to_the_compact_rendering():
-    big = item("a", 3, "x" * 400)
-    big.compact = "short"
-    taken, _ = pack([big], budget=10, max_items=5)
-    assert taken[0].text == "short"
-
-
 def test_mmr_drops_near_duplicates_and_keeps_diverse_items():
     items = [item("a", 1.0, "openmp over rows softmax"), item("b", 0.99, "openmp over rows softmax"),
              item("c", 0.5, "blocking for l1 cache matmul")]

@@ -3,7 +3,9 @@
 import pytest
 
 from kope_mcp.errors import UnknownKernelError, UnknownSessionError, UnknownTaskError
+from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.services.experience import EmptyLessonError, ExperienceService
+from kope_mcp.services.memory import ExperienceMemory
 from kope_mcp.services.memory_admin import export_memory, import_memory
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import make_settings
@@ -133,3 +135,15 @@ def test_export_then_import_into_an_empty_home_gives_the_same_graph_and_answers(
         before = service.query_experience("faster reduction", **kwargs)
         after = fresh_service.query_experience("faster reduction", **kwargs)
         assert after.context == before.context
+
+
+def test_the_in_memory_index_gives_the_same_answers_as_the_store_scans(world, workbench):
+    ids, service = world
+    indexed = ExperienceMemory(workbench.store, BackgroundEmbedder(enabled=False))
+    indexed.load_index()
+    assert indexed.index.loaded and not workbench.memory.index.loaded
+    indexed_service = ExperienceService(indexed, workbench.tasks)
+    for kwargs in ({"task_id": "dot"}, {"task_id": "sum_reduce", "phase": "optimize"},
+                   {"session_id": ids["session"]}, {"task_id": "softmax"}):
+        assert indexed_service.query_experience("faster", **kwargs).context == \
+            service.query_experience("faster", **kwargs).context

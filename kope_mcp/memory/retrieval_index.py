@@ -1,0 +1,163 @@
+"""In-memory secondary indexes over attempt and lesson metadata for the read path.
+
+Kùzu 0.11 has no secondary indexes: a filter on a property (task, error signature, label) scans the table,
+about 4 ms per 10k rows here, so a query that needs five such filters would cost ~200 ms at 100k attempts.
+This index answers them from dictionaries and also keeps every attempt's summary (all fields but the source) as
+a plain tuple (~1 KB each; fetching 60 rows of 30 columns from Kùzu by key took ~7 ms here). It is rebuilt
+from the store at start-up (in the background) and updated by every write that ExperienceMemory makes; until
+it is loaded, the read path falls back to the store's scans.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kope_mcp.memory.records import AttemptRecord
+
+SUMMARY_FIELDS: tuple[str, ...] = tuple(f for f in AttemptRecord.model_fields if f != "source")
+_POS = {name: i for i, name in enumerate(SUMMARY_FIELDS)}
+_KERNEL, _SESSION, _TASK, _FAMILY = _POS["kernel_id"], _POS["session_id"], _POS["task_id"], _POS["family"]
+_SIGNATURE, _LABEL, _DOWNSTREAM, _CREATED = _POS["error_signature"], _POS["label"], _POS["downstream"], \
+    _POS["created_at"]
+
+
+def summary_row(record: AttemptRecord | dict[str, Any]) -> tuple[Any, ...]:
+    data = record if isinstance(record, dict) else record.__dict__
+    return tuple(data.get(f) for f in SUMMARY_FIELDS)
+
+
+@dataclass(slots=True)
+class LessonKey:
+    lesson_id: str
+    task_id: str | None
+    family: str | None
+    created_at: str
+
+
+class RetrievalIndex:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loaded = threading.Event()
+        self._attempts: dict[str, tuple[Any, ...]] = {}
+        self._by_task: dict[str, set[str]] = {}
+        self._by_family: dict[str, set[str]] = {}
+        self._by_signature: dict[str, set[str]] = {}
+        self._by_session: dict[str, list[str]] = {}
+        self._effective: set[str] = set()
+        self._lessons: dict[str, LessonKey] = {}
+        self._lessons_by_scope: dict[str | None, set[str]] = {}
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded.is_set()
+
+    def load(self, attempts: Iterable[tuple[Any, ...]], lessons: Iterable[LessonKey]) -> None:
+        for row in attempts:
+            self._upsert_row(row)
+        for lesson in lessons:
+            self.add_lesson(lesson)
+        with self._lock:
+            for ids in self._by_session.values():
+                ids.sort(key=lambda i: self._attempts[i][_CREATED])
+        self._loaded.set()
+
+    def upsert_attempt(self, record: AttemptRecord) -> None:
+        self._upsert_row(summary_row(record))
+
+    def _upsert_row(self, row: tuple[Any, ...]) -> None:
+        kernel_id = row[_KERNEL]
+        with self._lock:
+            old = self._attempts.get(kernel_id)
+            if old is not None:
+                self._unlink(old)
+            else:
+                self._by_session.setdefault(row[_SESSION], []).append(kernel_id)
+            self._attempts[kernel_id] = row
+            self._by_task.setdefault(row[_TASK], set()).add(kernel_id)
+            self._by_family.setdefault(row[_FAMILY], set()).add(kernel_id)
+            if row[_SIGNATURE]:
+                self._by_signature.setdefault(row[_SIGNATURE], set()).add(kernel_id)
+            if row[_LABEL] == "effective":
+                self._effective.add(kernel_id)
+
+    def update_attempt(self, kernel_id: str, **fields: Any) -> None:
+        with self._lock:
+            row = self._attempts.get(kernel_id)
+        if row is None:
+            return
+        values = list(row)
+        for name, value in fields.items():
+            if name in _POS:
+                values[_POS[name]] = value
+        self._upsert_row(tuple(values))
+
+    def _unlink(self, row: tuple[Any, ...]) -> None:
+        kernel_id = row[_KERNEL]
+        self._by_task.get(row[_TASK], set()).discard(kernel_id)
+        self._by_family.get(row[_FAMILY], set()).discard(kernel_id)
+        if row[_SIGNATURE]:
+            self._by_signature.get(row[_SIGNATURE], set()).discard(kernel_id)
+        self._effective.discard(kernel_id)
+
+    def get(self, kernel_ids: Iterable[str]) -> list[AttemptRecord]:
+        """Summaries (no source) of the ids that exist, in the order given."""
+        with self._lock:
+            rows = [self._attempts.get(i) for i in kernel_ids]
+        # Built without validation: the rows were validated when they were written or loaded.
+        return [AttemptRecord.model_construct(**dict(zip(SUMMARY_FIELDS, r, strict=True)), source="")
+                for r in rows if r is not None]
+
+    def add_lesson(self, key: LessonKey) -> None:
+        with self._lock:
+            self._lessons[key.lesson_id] = key
+            for scope in {key.task_id, key.family} if (key.task_id or key.family) else {None}:
+                self._lessons_by_scope.setdefault(scope, set()).add(key.lesson_id)
+
+    # --- the read path ---------------------------------------------------------------------------------
+    def _top(self, ids: Iterable[str], n: int, newest: bool = False) -> list[str]:
+        attempts = self._attempts
+        column = _CREATED if newest else _DOWNSTREAM
+        return heapq.nlargest(n, ids, key=lambda i: attempts[i][column])
+
+    def top_for_task(self, task_id: str, n: int) -> list[str]:
+        with self._lock:
+            return self._top(self._by_task.get(task_id, ()), n)
+
+    def top_for_family(self, family: str, exclude_task: str | None, n: int) -> list[str]:
+        with self._lock:
+            ids = (i for i in self._by_family.get(family, ()) if self._attempts[i][_TASK] != exclude_task)
+            return self._top(ids, n)
+
+    def with_signature(self, signature: str, n: int) -> list[str]:
+        with self._lock:
+            return self._top(self._by_signature.get(signature, ()), n, newest=True)
+
+    def best(self, n: int) -> list[str]:
+        with self._lock:
+            return self._top(self._effective, n)
+
+    def next_in_session(self, kernel_id: str) -> str | None:
+        with self._lock:
+            row = self._attempts.get(kernel_id)
+            if row is None:
+                return None
+            ids = self._by_session.get(row[_SESSION], [])
+            position = ids.index(kernel_id)
+            return ids[position + 1] if position + 1 < len(ids) else None
+
+    def latest_in_session(self, session_id: str) -> str | None:
+        with self._lock:
+            ids = self._by_session.get(session_id)
+            return ids[-1] if ids else None
+
+    def lessons_in_scope(self, task_id: str | None, family: str | None, n: int) -> list[str]:
+        with self._lock:
+            ids: set[str] = set(self._lessons_by_scope.get(None, set()))
+            for scope in (task_id, family):
+                if scope:
+                    ids |= self._lessons_by_scope.get(scope, set())
+            return heapq.nlargest(n, ids, key=lambda i: self._lessons[i].created_at)
