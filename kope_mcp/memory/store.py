@@ -182,13 +182,13 @@ class KuzuExperienceStore:
         props = _attempt_props(record)
         assignments = ", ".join(f"{k}: ${k}" for k in props)
         with self._lock:
-            self._exec(f"CREATE (:Attempt {{{assignments}}})", props)
-            self._exec("MATCH (a:Attempt {kernel_id: $k}), (s:Session {session_id: $s}) CREATE (a)-[:IN_SESSION]->(s)",
-                       {"k": record.kernel_id, "s": record.session_id})
-            self._exec("MATCH (a:Attempt {kernel_id: $k}), (t:Task {id: $t}) CREATE (a)-[:FOR_TASK]->(t)",
-                       {"k": record.kernel_id, "t": record.task_id})
-            self._exec("MATCH (a:Attempt {kernel_id: $k}), (h:Hardware {key: $h}) CREATE (a)-[:ON_HARDWARE]->(h)",
-                       {"k": record.kernel_id, "h": record.hardware_key})
+            # One statement, so the node and its mandatory edges commit together.
+            self._exec(
+                "MATCH (s:Session {session_id: $__s}), (t:Task {id: $__t}), (h:Hardware {key: $__h}) "
+                f"CREATE (a:Attempt {{{assignments}}})-[:IN_SESSION]->(s), (a)-[:FOR_TASK]->(t), "
+                "(a)-[:ON_HARDWARE]->(h)",
+                {**props, "__s": record.session_id, "__t": record.task_id, "__h": record.hardware_key},
+            )
             if record.parent_id:
                 self._exec("MATCH (a:Attempt {kernel_id: $k}), (p:Attempt {kernel_id: $p}) CREATE (a)-[:PREV]->(p)",
                            {"k": record.kernel_id, "p": record.parent_id})
@@ -264,6 +264,24 @@ class KuzuExperienceStore:
         rows = self._rows("MATCH (a:Attempt)-[:IN_SESSION]->(s:Session {session_id: $s}) RETURN a "
                           "ORDER BY a.created_at DESC LIMIT 1", {"s": session_id})
         return _attempt(rows[0]["a"]) if rows else None
+
+    def successor_scores(self, kernel_id: str) -> list[float]:
+        return [float(r["d"] or 0.0) for r in self._rows(
+            "MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: $k}) RETURN c.downstream AS d", {"k": kernel_id})]
+
+    def lineage(self, kernel_id: str) -> list[tuple[str, str | None, float | None, bool | None, float]]:
+        """(id, parent, step ratio, correct, downstream) of this attempt and its ancestors, nearest first."""
+        out: list[tuple[str, str | None, float | None, bool | None, float]] = []
+        current: str | None = kernel_id
+        while current and len(out) < 1000:
+            rows = self._rows("MATCH (a:Attempt {kernel_id: $k}) RETURN a.parent_id AS p, a.step_ratio AS r, "
+                              "a.correct AS c, a.downstream AS d", {"k": current})
+            if not rows:
+                break
+            row = rows[0]
+            out.append((current, row["p"], row["r"], row["c"], float(row["d"] or 0.0)))
+            current = row["p"]
+        return out
 
     def successors(self, kernel_id: str) -> list[AttemptRecord]:
         return [_attempt(r["c"]) for r in self._rows(

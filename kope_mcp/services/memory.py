@@ -45,9 +45,11 @@ class ExperienceMemory:
         self.index = RetrievalIndex()
         self._vectors_loaded = threading.Event()
         self._loader: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._known_tasks: set[str] = set()
         self._known_hardware: set[str] = set()
         self._strategy_lock = threading.Lock()
+        self._strategies: list[StrategyRecord] | None = None  # cached: strategies are only ever added
         self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
 
@@ -72,6 +74,7 @@ class ExperienceMemory:
         return self.index.loaded
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._loader is not None:
             self._loader.join(timeout=30)
             self._loader = None
@@ -98,7 +101,10 @@ class ExperienceMemory:
 
     def _embed_loop(self) -> None:
         self.load_vectors()
-        if not self.embedder.wait():
+        while not self.embedder.wait(timeout=0.2):
+            if self._stopping.is_set():
+                return  # shutting down before the model finished loading
+        if not self.embedder.available:
             return
         for kind, item_id, text in self.store.unembedded(limit=100_000):
             self._queue.put((kind, item_id, text))
@@ -163,7 +169,9 @@ class ExperienceMemory:
         """The existing Strategy node with a near-identical name, or a new one."""
         key = strategy_key(name)
         with self._strategy_lock:
-            known = self.store.strategies()
+            if self._strategies is None:
+                self._strategies = self.store.strategies()
+            known = self._strategies
             for strategy in known:
                 if strategy.key == key or jaccard(strategy.key, key) >= SAME_STRATEGY_JACCARD:
                     return strategy
@@ -174,12 +182,17 @@ class ExperienceMemory:
                     return best
             record = StrategyRecord(strategy_id=new_id("st"), name=name.strip()[:200], key=key)
             self.store.add_strategy(record)
+            known.append(record)
             if vectors:
                 self.store.set_embedding(record.strategy_id, "strategy", MODEL_NAME, vectors[0])
                 self.vectors.add(record.strategy_id, "strategy", vectors[0])
             else:
                 self.enqueue_embedding("strategy", record.strategy_id, record.name)
             return record
+
+    def forget_cached_strategies(self) -> None:
+        with self._strategy_lock:
+            self._strategies = None
 
     def _cosine(self, vector: list[float], item_id: str) -> float:
         other = self.vectors.vector(item_id)
@@ -193,7 +206,7 @@ class ExperienceMemory:
         record.label = label_for(record.ok, None, None)
         self.store.add_attempt(record)
         self.index.upsert_attempt(record)
-        self._refresh_downstream(record.kernel_id)
+        # A new attempt has no measured gain and no successors: d = 0, and no ancestor's score changes.
         self.enqueue_embedding("attempt", record.kernel_id, _embedding_text(record))
         return record
 
@@ -307,15 +320,15 @@ class ExperienceMemory:
             parent_id, seen = parent.parent_id, seen + 1
         return None
 
-    def _refresh_downstream(self, kernel_id: str | None) -> None:
-        """Recompute d(v) for this attempt and every ancestor (each depends on its successors)."""
-        steps = 0
-        while kernel_id and steps < 1000:
-            attempt = self.store.attempt(kernel_id)
-            own = attempt.step_ratio if attempt.correct and attempt.step_ratio is not None else 0.0
-            score = downstream(own, [c.downstream for c in self.store.successors(kernel_id)])
-            self._update(kernel_id, downstream=score)
-            kernel_id, steps = attempt.parent_id, steps + 1
+    def _refresh_downstream(self, kernel_id: str) -> None:
+        """Recompute d(v) for this attempt and its ancestors (each depends on its successors), stopping as soon
+        as a value does not change."""
+        for node_id, _parent, ratio, correct, old in self.store.lineage(kernel_id):
+            own = ratio if correct and ratio is not None else 0.0
+            score = downstream(own, self.store.successor_scores(node_id))
+            if abs(score - old) < 1e-12:
+                return
+            self._update(node_id, downstream=score)
 
 
 def _embedding_text(record: AttemptRecord) -> str:

@@ -132,6 +132,7 @@ def _import_row(memory: ExperienceMemory, kind: str, row: dict[str, Any]) -> boo
         if store.has_node("Strategy", "strategy_id", row["strategy_id"]):
             return False
         store.add_strategy(StrategyRecord.model_validate(row))
+        memory.forget_cached_strategies()
     elif kind == "session":
         if store.has_node("Session", "session_id", row["session_id"]):
             return False
@@ -139,12 +140,16 @@ def _import_row(memory: ExperienceMemory, kind: str, row: dict[str, Any]) -> boo
     elif kind == "attempt":
         if store.has_node("Attempt", "kernel_id", row["kernel_id"]):
             return False
-        store.add_attempt(AttemptRecord.model_validate(row))
+        record = AttemptRecord.model_validate(row)
+        store.add_attempt(record)
+        memory.index.upsert_attempt(record)
     elif kind == "lesson":
         if store.has_node("Lesson", "lesson_id", row["lesson_id"]):
             return False
         text = row.pop("search_text", "") or row.get("text", "")
-        store.add_lesson(LessonRecord.model_validate(row), text)
+        lesson = LessonRecord.model_validate(row)
+        store.add_lesson(lesson, text)
+        memory.index_lesson(lesson)
     elif kind == "embedding":
         if store.has_node("Embedding", "id", row["id"]):
             return False
