@@ -34,6 +34,10 @@ class VectorIndex:
             self._matrix = np.vstack([self._matrix, np.stack(self._pending)])
             self._pending = []
 
+    def ids(self) -> set[str]:
+        with self._lock:
+            return set(self._ids)
+
     def __len__(self) -> int:
         return len(self._ids)
 

@@ -46,6 +46,7 @@ class ExperienceMemory:
         self._vectors_loaded = threading.Event()
         self._loader: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._backlog_queued = threading.Event()
         self._known_tasks: set[str] = set()
         self._known_hardware: set[str] = set()
         self._strategy_lock = threading.Lock()
@@ -106,8 +107,9 @@ class ExperienceMemory:
                 return  # shutting down before the model finished loading
         if not self.embedder.available:
             return
-        for kind, item_id, text in self.store.unembedded(limit=100_000):
+        for kind, item_id, text in self.store.unembedded(self.vectors.ids()):
             self._queue.put((kind, item_id, text))
+        self._backlog_queued.set()
         while True:
             item = self._queue.get()
             if item is None:
@@ -134,6 +136,7 @@ class ExperienceMemory:
         if not self.embedder.wait(timeout) or self._worker is None:
             return
         self._vectors_loaded.wait(timeout)
+        self._backlog_queued.wait(timeout)
         done = threading.Event()
         threading.Thread(target=lambda: (self._queue.join(), done.set()), daemon=True).start()
         done.wait(timeout)
