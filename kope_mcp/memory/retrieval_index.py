@@ -13,10 +13,9 @@ from __future__ import annotations
 import heapq
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from kope_mcp.memory.records import AttemptRecord
+from kope_mcp.memory.records import AttemptRecord, LessonRecord
 
 SUMMARY_FIELDS: tuple[str, ...] = tuple(f for f in AttemptRecord.model_fields if f != "source")
 _POS = {name: i for i, name in enumerate(SUMMARY_FIELDS)}
@@ -30,14 +29,6 @@ def summary_row(record: AttemptRecord | dict[str, Any]) -> tuple[Any, ...]:
     return tuple(data.get(f) for f in SUMMARY_FIELDS)
 
 
-@dataclass(slots=True)
-class LessonKey:
-    lesson_id: str
-    task_id: str | None
-    family: str | None
-    created_at: str
-
-
 class RetrievalIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -48,14 +39,14 @@ class RetrievalIndex:
         self._by_signature: dict[str, set[str]] = {}
         self._by_session: dict[str, list[str]] = {}
         self._effective: set[str] = set()
-        self._lessons: dict[str, LessonKey] = {}
+        self._lessons: dict[str, LessonRecord] = {}
         self._lessons_by_scope: dict[str | None, set[str]] = {}
 
     @property
     def loaded(self) -> bool:
         return self._loaded.is_set()
 
-    def load(self, attempts: Iterable[tuple[Any, ...]], lessons: Iterable[LessonKey]) -> None:
+    def load(self, attempts: Iterable[tuple[Any, ...]], lessons: Iterable[LessonRecord]) -> None:
         for row in attempts:
             self._upsert_row(row)
         for lesson in lessons:
@@ -111,11 +102,11 @@ class RetrievalIndex:
         return [AttemptRecord.model_construct(**dict(zip(SUMMARY_FIELDS, r, strict=True)), source="")
                 for r in rows if r is not None]
 
-    def add_lesson(self, key: LessonKey) -> None:
+    def add_lesson(self, lesson: LessonRecord) -> None:
         with self._lock:
-            self._lessons[key.lesson_id] = key
-            for scope in {key.task_id, key.family} if (key.task_id or key.family) else {None}:
-                self._lessons_by_scope.setdefault(scope, set()).add(key.lesson_id)
+            self._lessons[lesson.lesson_id] = lesson
+            for scope in {lesson.task_id, lesson.family} if (lesson.task_id or lesson.family) else {None}:
+                self._lessons_by_scope.setdefault(scope, set()).add(lesson.lesson_id)
 
     # --- the read path ---------------------------------------------------------------------------------
     def _top(self, ids: Iterable[str], n: int, newest: bool = False) -> list[str]:
@@ -154,10 +145,14 @@ class RetrievalIndex:
             ids = self._by_session.get(session_id)
             return ids[-1] if ids else None
 
-    def lessons_in_scope(self, task_id: str | None, family: str | None, n: int) -> list[str]:
+    def lessons_in_scope(self, task_id: str | None, family: str | None, n: int) -> list[LessonRecord]:
         with self._lock:
             ids: set[str] = set(self._lessons_by_scope.get(None, set()))
             for scope in (task_id, family):
                 if scope:
                     ids |= self._lessons_by_scope.get(scope, set())
-            return heapq.nlargest(n, ids, key=lambda i: self._lessons[i].created_at)
+            return heapq.nlargest(n, (self._lessons[i] for i in ids), key=lambda x: x.created_at)
+
+    def lessons(self, lesson_ids: Iterable[str]) -> list[LessonRecord]:
+        with self._lock:
+            return [self._lessons[i] for i in lesson_ids if i in self._lessons]

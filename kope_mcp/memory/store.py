@@ -326,9 +326,8 @@ class KuzuExperienceStore:
             "UNWIND $ids AS i MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: i}) "
             "RETURN p.kernel_id AS p, c.kernel_id AS c ORDER BY c.created_at", {"ids": kernel_ids})]
 
-    def lesson_keys(self) -> list[dict[str, Any]]:
-        return self._rows("MATCH (l:Lesson) RETURN l.lesson_id AS lesson_id, l.task_id AS task_id, "
-                          "l.family AS family, l.created_at AS created_at")
+    def all_lessons(self) -> list[LessonRecord]:
+        return [_lesson(r["l"]) for r in self._rows("MATCH (l:Lesson) RETURN l ORDER BY l.created_at")]
 
     # --- strategies and lessons ----------------------------------------------------------------------------
     def strategies(self) -> list[StrategyRecord]:

@@ -190,7 +190,8 @@ class ExperienceService:
             session = self.store.session(session_id)
             task_id = task_id or session.task_id
             latest = self.memory.latest_in_session(session_id)
-            incumbent = self.store.attempt(session.incumbent_id) if session.incumbent_id else None
+            found = self.memory.attempts_by_id([session.incumbent_id]) if session.incumbent_id else []
+            incumbent = found[0] if found else None
         family = self.tasks.get(task_id).spec.family if task_id else None
         inferred: Phase = "start"
         if latest is not None:
@@ -235,7 +236,7 @@ class ExperienceService:
         if extra:
             add_attempts(self.memory.attempts_by_id([i for i in extra if i.startswith("k-")]), "text match")
             lesson_ids = [i for i in extra if i.startswith("x-")]
-            for lesson in self.store.lessons_by_id(lesson_ids):
+            for lesson in self.memory.lessons_by_id(lesson_ids):
                 lessons[lesson.lesson_id] = lesson
                 reasons.setdefault(lesson.lesson_id, []).append("text match")
         top_bm25 = max(bm25.values(), default=1.0) or 1.0

@@ -14,7 +14,7 @@ from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, step_ratio
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
-from kope_mcp.memory.retrieval_index import LessonKey, RetrievalIndex, summary_row
+from kope_mcp.memory.retrieval_index import RetrievalIndex, summary_row
 from kope_mcp.memory.signature import compile_signature, failure_signature
 from kope_mcp.memory.store import EMBEDDING_DIM, KuzuExperienceStore, got_further
 from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
@@ -66,8 +66,7 @@ class ExperienceMemory:
             self._worker.start()
 
     def load_index(self) -> None:
-        self.index.load((summary_row(row) for row in self.store.attempt_summaries()),
-                        (LessonKey(**row) for row in self.store.lesson_keys()))
+        self.index.load((summary_row(row) for row in self.store.attempt_summaries()), self.store.all_lessons())
 
     def wait_index(self, timeout: float = 120.0) -> bool:
         if self._loader is not None:
@@ -251,7 +250,7 @@ class ExperienceMemory:
         self.index.update_attempt(kernel_id, **fields)
 
     def index_lesson(self, lesson: LessonRecord) -> None:
-        self.index.add_lesson(LessonKey(lesson.lesson_id, lesson.task_id, lesson.family, lesson.created_at))
+        self.index.add_lesson(lesson)
 
     # --- the read path: the in-memory index when loaded, the store's scans until then ------------------------
     def attempts_for_task(self, task_id: str, limit: int) -> list[AttemptRecord]:
@@ -277,15 +276,18 @@ class ExperienceMemory:
     def attempts_by_id(self, kernel_ids: list[str]) -> list[AttemptRecord]:
         return self.index.get(kernel_ids) if self.index.loaded else self.store.attempts_by_id(kernel_ids)
 
+    def lessons_by_id(self, lesson_ids: list[str]) -> list[LessonRecord]:
+        return self.index.lessons(lesson_ids) if self.index.loaded else self.store.lessons_by_id(lesson_ids)
+
     def latest_in_session(self, session_id: str) -> AttemptRecord | None:
         if self.index.loaded:
             latest = self.index.latest_in_session(session_id)
-            return self.store.attempt(latest) if latest else None
+            return self.index.get([latest])[0] if latest else None
         return self.store.latest_in_session(session_id)
 
     def scoped_lessons(self, task_id: str | None, family: str | None, limit: int) -> list[LessonRecord]:
         if self.index.loaded:
-            return self.store.lessons_by_id(self.index.lessons_in_scope(task_id, family, limit))
+            return self.index.lessons_in_scope(task_id, family, limit)
         return self.store.lessons_in_scope(task_id, family, limit)
 
     def fixes_of(self, failing: list[AttemptRecord]) -> dict[str, AttemptRecord]:

@@ -103,7 +103,7 @@ class Workbench:
         else:
             session = self.memory.create_session(task, agent)
         if parent is None:
-            parent = self.store.latest_in_session(session.session_id)
+            parent = self.memory.latest_in_session(session.session_id)
         progress(0, 1, f"compiling for {task_id}")
         build = self.backends[backend].compile(task, source, flags)
         first_error = next((d.message for d in build.diagnostics if d.severity == "error"), None)
