@@ -104,8 +104,13 @@ def fill(store: KuzuExperienceStore, n: int, registry: TaskRegistry, rng: random
             ))
             if correct:
                 parent, parent_speedup = attempts[-1].kernel_id, speedup or 1.0
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
     store.bulk_sessions(sessions)
+    phases["sessions"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     store.bulk_attempts(attempts)
+    phases["attempts"] = time.perf_counter() - t0
     for j, attempt in enumerate(attempts[:: 10]):
         lessons.append((LessonRecord(
             lesson_id=f"x-{j:010d}", text=f"{attempt.strategy} on {attempt.task_id}: {attempt.label}",
@@ -113,11 +118,16 @@ def fill(store: KuzuExperienceStore, n: int, registry: TaskRegistry, rng: random
             family=attempt.family, hardware_key=attempt.hardware_key, attempt_id=attempt.kernel_id, verified=True,
             label=attempt.label, confidence=0.8, created_at=attempt.created_at),
             f"{attempt.strategy} {attempt.task_id}"))
+    t0 = time.perf_counter()
     store.bulk_lessons(lessons)
+    phases["lessons"] = time.perf_counter() - t0
     vectors = np.random.default_rng(0).standard_normal((len(attempts) + len(lessons), EMBEDDING_DIM))
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = [(a.kernel_id, "attempt") for a in attempts] + [(lsn.lesson_id, "lesson") for lsn, _ in lessons]
+    t0 = time.perf_counter()
     store.bulk_embeddings([(i, kind, MODEL_NAME, v.tolist()) for (i, kind), v in zip(ids, vectors, strict=True)])
+    phases["embeddings"] = time.perf_counter() - t0
+    print("fill phases: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()), flush=True)
     return [s.session_id for s in sessions]
 
 
