@@ -49,6 +49,7 @@ class AttemptRecord(BaseModel):
     opt_layer: str | None = None
     created_at: str
     agent: str = ""
+    diff_from_parent: str = Field("", description="Changed lines versus the parent's source (at most 10).")
     error_signature: str | None = None
     diagnostics_digest: str = ""
     tested: bool = False

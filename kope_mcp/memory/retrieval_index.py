@@ -10,9 +10,10 @@ it is loaded, the read path falls back to the store's scans.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kope_mcp.memory.records import AttemptRecord, LessonRecord
@@ -22,6 +23,7 @@ _POS = {name: i for i, name in enumerate(SUMMARY_FIELDS)}
 _KERNEL, _SESSION, _TASK, _FAMILY = _POS["kernel_id"], _POS["session_id"], _POS["task_id"], _POS["family"]
 _SIGNATURE, _LABEL, _DOWNSTREAM, _CREATED = _POS["error_signature"], _POS["label"], _POS["downstream"], \
     _POS["created_at"]
+_PARENT, _STRATEGY = _POS["parent_id"], _POS["strategy_id"]
 
 
 def summary_row(record: AttemptRecord | dict[str, Any]) -> tuple[Any, ...]:
@@ -29,16 +31,44 @@ def summary_row(record: AttemptRecord | dict[str, Any]) -> tuple[Any, ...]:
     return tuple(data.get(f) for f in SUMMARY_FIELDS)
 
 
+class _Ranked:
+    """Ids kept sorted by a key (descending), so the top n is a slice: no per-query heap over thousands."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: list[tuple[Any, str]] = []  # (sort key, id), ascending; the best are at the end
+
+    def add(self, key: Any, item_id: str) -> None:
+        bisect.insort(self._items, (key, item_id))
+
+    def remove(self, key: Any, item_id: str) -> None:
+        pos = bisect.bisect_left(self._items, (key, item_id))
+        if pos < len(self._items) and self._items[pos] == (key, item_id):
+            del self._items[pos]
+
+    def top(self, n: int, skip: Callable[[str], bool] | None = None) -> list[str]:
+        out: list[str] = []
+        for _, item_id in reversed(self._items):
+            if len(out) >= n:
+                break
+            if skip is None or not skip(item_id):
+                out.append(item_id)
+        return out
+
+
 class RetrievalIndex:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loaded = threading.Event()
         self._attempts: dict[str, tuple[Any, ...]] = {}
-        self._by_task: dict[str, set[str]] = {}
-        self._by_family: dict[str, set[str]] = {}
-        self._by_signature: dict[str, set[str]] = {}
+        self._by_task: dict[str, _Ranked] = {}
+        self._by_family: dict[str, _Ranked] = {}
+        self._by_signature: dict[str, _Ranked] = {}
+        self._by_strategy: dict[str, _Ranked] = {}
+        self._effective = _Ranked()
         self._by_session: dict[str, list[str]] = {}
-        self._effective: set[str] = set()
+        self._children: dict[str, list[str]] = {}
         self._lessons: dict[str, LessonRecord] = {}
         self._lessons_by_scope: dict[str | None, set[str]] = {}
 
@@ -52,7 +82,7 @@ class RetrievalIndex:
         for lesson in lessons:
             self.add_lesson(lesson)
         with self._lock:
-            for ids in self._by_session.values():
+            for ids in (*self._by_session.values(), *self._children.values()):
                 ids.sort(key=lambda i: self._attempts[i][_CREATED])
         self._loaded.set()
 
@@ -67,13 +97,18 @@ class RetrievalIndex:
                 self._unlink(old)
             else:
                 self._by_session.setdefault(row[_SESSION], []).append(kernel_id)
+                if row[_PARENT]:
+                    self._children.setdefault(row[_PARENT], []).append(kernel_id)
             self._attempts[kernel_id] = row
-            self._by_task.setdefault(row[_TASK], set()).add(kernel_id)
-            self._by_family.setdefault(row[_FAMILY], set()).add(kernel_id)
+            score = (row[_DOWNSTREAM] or 0.0, row[_CREATED])
+            self._by_task.setdefault(row[_TASK], _Ranked()).add(score, kernel_id)
+            self._by_family.setdefault(row[_FAMILY], _Ranked()).add(score, kernel_id)
             if row[_SIGNATURE]:
-                self._by_signature.setdefault(row[_SIGNATURE], set()).add(kernel_id)
+                self._by_signature.setdefault(row[_SIGNATURE], _Ranked()).add(row[_CREATED], kernel_id)
+            if row[_STRATEGY]:
+                self._by_strategy.setdefault(row[_STRATEGY], _Ranked()).add(score, kernel_id)
             if row[_LABEL] == "effective":
-                self._effective.add(kernel_id)
+                self._effective.add(score, kernel_id)
 
     def update_attempt(self, kernel_id: str, **fields: Any) -> None:
         with self._lock:
@@ -88,11 +123,14 @@ class RetrievalIndex:
 
     def _unlink(self, row: tuple[Any, ...]) -> None:
         kernel_id = row[_KERNEL]
-        self._by_task.get(row[_TASK], set()).discard(kernel_id)
-        self._by_family.get(row[_FAMILY], set()).discard(kernel_id)
+        score = (row[_DOWNSTREAM] or 0.0, row[_CREATED])
+        self._by_task[row[_TASK]].remove(score, kernel_id)
+        self._by_family[row[_FAMILY]].remove(score, kernel_id)
         if row[_SIGNATURE]:
-            self._by_signature.get(row[_SIGNATURE], set()).discard(kernel_id)
-        self._effective.discard(kernel_id)
+            self._by_signature[row[_SIGNATURE]].remove(row[_CREATED], kernel_id)
+        if row[_STRATEGY]:
+            self._by_strategy[row[_STRATEGY]].remove(score, kernel_id)
+        self._effective.remove(score, kernel_id)
 
     def get(self, kernel_ids: Iterable[str]) -> list[AttemptRecord]:
         """Summaries (no source) of the ids that exist, in the order given."""
@@ -109,27 +147,34 @@ class RetrievalIndex:
                 self._lessons_by_scope.setdefault(scope, set()).add(lesson.lesson_id)
 
     # --- the read path ---------------------------------------------------------------------------------
-    def _top(self, ids: Iterable[str], n: int, newest: bool = False) -> list[str]:
-        attempts = self._attempts
-        column = _CREATED if newest else _DOWNSTREAM
-        return heapq.nlargest(n, ids, key=lambda i: attempts[i][column])
-
     def top_for_task(self, task_id: str, n: int) -> list[str]:
         with self._lock:
-            return self._top(self._by_task.get(task_id, ()), n)
+            group = self._by_task.get(task_id)
+            return group.top(n) if group else []
 
     def top_for_family(self, family: str, exclude_task: str | None, n: int) -> list[str]:
         with self._lock:
-            ids = (i for i in self._by_family.get(family, ()) if self._attempts[i][_TASK] != exclude_task)
-            return self._top(ids, n)
+            group = self._by_family.get(family)
+            return group.top(n, skip=lambda i: self._attempts[i][_TASK] == exclude_task) if group else []
 
     def with_signature(self, signature: str, n: int) -> list[str]:
         with self._lock:
-            return self._top(self._by_signature.get(signature, ()), n, newest=True)
+            group = self._by_signature.get(signature)
+            return group.top(n) if group else []
+
+    def top_for_strategy(self, strategy_id: str, n: int) -> list[str]:
+        with self._lock:
+            group = self._by_strategy.get(strategy_id)
+            return group.top(n) if group else []
 
     def best(self, n: int) -> list[str]:
         with self._lock:
-            return self._top(self._effective, n)
+            return self._effective.top(n)
+
+    def children(self, kernel_id: str) -> list[str]:
+        """PREV successors, oldest first."""
+        with self._lock:
+            return list(self._children.get(kernel_id, ()))
 
     def next_in_session(self, kernel_id: str) -> str | None:
         with self._lock:

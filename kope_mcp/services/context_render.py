@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING
 
 from kope_mcp.memory.selection import Scored, estimate_tokens, truncate_to_tokens
@@ -11,7 +10,6 @@ from kope_mcp.models import ContextItem
 if TYPE_CHECKING:
     from kope_mcp.services.experience import Candidate
 
-MAX_DIFF_LINES = 10
 _SECTIONS = (
     ("hot", None, "## Where you are"),
     ("warm", "case", "## What worked here (this task or family, this hardware)"),
@@ -22,20 +20,8 @@ _SECTIONS = (
 )
 
 
-def short_diff(before: str | None, after: str | None) -> str:
-    """Changed lines only (- old / + new), at most MAX_DIFF_LINES, each cut to 110 characters."""
-    if not before or not after:
-        return ""
-    lines = [ln for ln in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
-             if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and ln[1:].strip()]
-    shown = [f"    {ln[0]} {ln[1:].strip()[:110]}" for ln in lines[:MAX_DIFF_LINES]]
-    if len(lines) > MAX_DIFF_LINES:
-        shown.append(f"    ... {len(lines) - MAX_DIFF_LINES} more changed lines")
-    return "\n".join(shown)
-
-
-def render_item(cand: Candidate, task_id: str | None, sources: dict[str, str] | None = None) -> str:
-    """One bullet of compact case fields; with ``sources``, cases and fixes also get a before/after diff."""
+def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -> str:
+    """One bullet of compact case fields; ``with_diff`` adds the before/after diff recorded with the attempt."""
     rec = cand.attempt
     where = ""
     if rec is not None:
@@ -44,13 +30,14 @@ def render_item(cand: Candidate, task_id: str | None, sources: dict[str, str] | 
         head = (f"- [{rec.label}, step x{rec.step_ratio or 0:.2f}, {rec.speedup or 0:.2f}x vs naive, "
                 f"confidence {rec.confidence:.2f}] {where}: {rec.strategy or 'unnamed change'}; flags "
                 f"{' '.join(rec.flags) or '-'} ({rec.kernel_id}, {rec.hardware_key})")
-        diff = short_diff(sources.get(rec.parent_id or ""), sources.get(rec.kernel_id)) if sources else ""
+        diff = rec.diff_from_parent if with_diff else ""
         return f"{head}\n{diff}" if diff else head
     if cand.kind == "fix" and rec is not None and cand.fix is not None:
         problem = rec.error_signature or rec.failure or "failure"
         head = (f"- {where}: `{problem}` ({rec.kernel_id}) was fixed by {cand.fix.kernel_id}"
                 f"{': ' + cand.fix.strategy if cand.fix.strategy else ''}")
-        diff = short_diff(sources.get(rec.kernel_id), sources.get(cand.fix.kernel_id)) if sources else ""
+        # The fix's recorded diff is against the failing attempt when that was its parent (the default).
+        diff = cand.fix.diff_from_parent if with_diff and cand.fix.parent_id == rec.kernel_id else ""
         return f"{head}\n{diff}" if diff else head
     if cand.kind == "pitfall" and rec is not None:
         if not rec.ok:
@@ -72,16 +59,14 @@ def render_item(cand: Candidate, task_id: str | None, sources: dict[str, str] | 
     return text[:1600]
 
 
-def source_ids(cand: Candidate) -> list[str]:
-    """The sources a diff of this candidate needs."""
+def has_diff(cand: Candidate) -> bool:
     rec = cand.attempt
     if rec is None:
-        return []
-    if cand.kind == "case" and rec.parent_id:
-        return [rec.parent_id, rec.kernel_id]
-    if cand.kind == "fix" and cand.fix is not None:
-        return [rec.kernel_id, cand.fix.kernel_id]
-    return []
+        return False
+    if cand.kind == "case":
+        return bool(rec.diff_from_parent)
+    return cand.kind == "fix" and cand.fix is not None and cand.fix.parent_id == rec.kernel_id and \
+        bool(cand.fix.diff_from_parent)
 
 
 def hot_section(hot: list[tuple[str, str, str]]) -> str:

@@ -22,7 +22,7 @@ from kope_mcp.memory.selection import (
     word_set,
 )
 from kope_mcp.models import Phase, QueryResult, RecordResult
-from kope_mcp.services.context_render import hot_section, render_context, render_item, source_ids
+from kope_mcp.services.context_render import has_diff, hot_section, render_context, render_item
 from kope_mcp.services.memory import ExperienceMemory, new_id, now
 from kope_mcp.tasks.registry import TaskRegistry
 
@@ -30,6 +30,7 @@ MAX_QUERY_CHARS = 2000
 MAX_LESSON_CHARS = 4000
 CANDIDATES_PER_SOURCE = 60  # per graph filter; the best by downstream score come first
 MAX_FIX_LOOKUPS = 40
+STRATEGY_MATCH_ATTEMPTS = 10  # attempts taken per strategy whose name matches the query
 SECTION_HEADER_RESERVE = 60  # tokens kept free for the markdown headers when adding diffs
 Kind = Literal["case", "fix", "pitfall", "lesson"]
 
@@ -172,12 +173,10 @@ class ExperienceService:
 
     def _add_diffs(self, chosen: list[tuple[Scored, Candidate, str]], task_id: str | None, spare: int) -> None:
         """Give the best chosen cases and fixes their before/after diff while the spare budget allows."""
-        wanted = [i for _, cand, _ in chosen for i in source_ids(cand)]
-        sources = self.store.sources(sorted(set(wanted))) if wanted and spare > 0 else {}
         for scored, cand, _ in sorted(chosen, key=lambda item: -item[0].score):
-            if not source_ids(cand) or spare <= 0:
+            if not has_diff(cand) or spare <= 0:
                 continue
-            text = render_item(cand, task_id, sources)
+            text = render_item(cand, task_id, with_diff=True)
             extra = estimate_tokens(text) - scored.tokens
             if 0 < extra <= spare:
                 scored.text, scored.tokens = text, scored.tokens + extra
@@ -225,7 +224,15 @@ class ExperienceService:
             lessons[lesson.lesson_id] = lesson
             reasons.setdefault(lesson.lesson_id, []).append("scope match")
         text_query = " ".join(p for p in (query, state.task_id, state.signature) if p)
-        bm25 = {item_id: score for _, item_id, score in self.store.full_text(text_query, 50)} if text_query else {}
+        hits = self.store.full_text(text_query, 50) if text_query.strip() else []
+        top_bm25 = max((score for _, _, score in hits), default=1.0) or 1.0
+        bm25 = {item_id: score / top_bm25 for kind, item_id, score in hits if kind == "lesson"}
+        # A strategy that matches the query lends its score to the attempts that applied it.
+        for _, strategy_id, score in sorted((h for h in hits if h[0] == "strategy"), key=lambda h: -h[2])[:5]:
+            for rec in self.memory.attempts_for_strategy(strategy_id, STRATEGY_MATCH_ATTEMPTS):
+                attempts.setdefault(rec.kernel_id, rec)
+                reasons.setdefault(rec.kernel_id, []).append("strategy matches the query")
+                bm25[rec.kernel_id] = max(bm25.get(rec.kernel_id, 0.0), score / top_bm25)
         cosine: dict[str, float] = {}
         vectors = self.memory.embedder.embed([text_query]) if text_query.strip() and self.memory.semantic_ready \
             else None
@@ -239,7 +246,6 @@ class ExperienceService:
             for lesson in self.memory.lessons_by_id(lesson_ids):
                 lessons[lesson.lesson_id] = lesson
                 reasons.setdefault(lesson.lesson_id, []).append("text match")
-        top_bm25 = max(bm25.values(), default=1.0) or 1.0
         # Fixes matter for failures like the current one: same error signature first, then the same task.
         failing = sorted((a for a in attempts.values() if not a.ok or a.correct is False),
                          key=lambda a: (a.error_signature != state.signature, a.task_id != state.task_id))
@@ -257,10 +263,10 @@ class ExperienceService:
             else:
                 continue  # compiled but never measured: nothing to learn from yet
             found[kid] = Candidate(kind=kind, item_id=kid, attempt=rec, fix=fixes.get(kid),
-                                   bm25=bm25.get(kid, 0.0) / top_bm25, cosine=cosine.get(kid, 0.0),
+                                   bm25=bm25.get(kid, 0.0), cosine=cosine.get(kid, 0.0),
                                    reasons=reasons.get(kid, []))
         for lid, lesson in lessons.items():
-            found[lid] = Candidate(kind="lesson", item_id=lid, lesson=lesson, bm25=bm25.get(lid, 0.0) / top_bm25,
+            found[lid] = Candidate(kind="lesson", item_id=lid, lesson=lesson, bm25=bm25.get(lid, 0.0),
                                    cosine=cosine.get(lid, 0.0), reasons=reasons.get(lid, []))
         return found
 

@@ -11,6 +11,7 @@ import threading
 from datetime import UTC, datetime
 
 from kope_mcp.hardware import HardwareProfile, detect_hardware
+from kope_mcp.memory.diffs import short_diff
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, step_ratio
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
@@ -205,6 +206,10 @@ class ExperienceMemory:
         if record.strategy:
             record.strategy_id = self.canonical_strategy(record.strategy).strategy_id
         record.error_signature = compile_signature(first_error)
+        if record.parent_id:
+            # Diffs are computed once here, so the read path never fetches sources.
+            record.diff_from_parent = short_diff(self.store.sources([record.parent_id]).get(record.parent_id),
+                                                 record.source)
         record.label = label_for(record.ok, None, None)
         self.store.add_attempt(record)
         self.index.upsert_attempt(record)
@@ -263,6 +268,11 @@ class ExperienceMemory:
             return self.index.get(self.index.top_for_family(family, exclude_task, limit))
         return self.store.attempts_for_family(family, exclude_task, limit)
 
+    def attempts_for_strategy(self, strategy_id: str, limit: int) -> list[AttemptRecord]:
+        if self.index.loaded:
+            return self.index.get(self.index.top_for_strategy(strategy_id, limit))
+        return self.store.attempts_for_strategy(strategy_id, limit)
+
     def attempts_with_signature(self, signature: str, limit: int) -> list[AttemptRecord]:
         if self.index.loaded:
             return self.index.get(self.index.with_signature(signature, limit))
@@ -297,7 +307,7 @@ class ExperienceMemory:
             fixes = self.store.prev_fixes([f.kernel_id for f in failing])
             rest = [f.kernel_id for f in failing if f.kernel_id not in fixes]
             return {**self.store.session_next_fixes(rest), **fixes} if rest else fixes
-        pairs = self.store.prev_children([f.kernel_id for f in failing])
+        pairs = [(f.kernel_id, c) for f in failing for c in self.index.children(f.kernel_id)]
         children = {a.kernel_id: a for a in self.index.get(c for _, c in pairs)}
         fixes = {}
         by_id = {f.kernel_id: f for f in failing}

@@ -1,4 +1,4 @@
-from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord, StrategyRecord
 from kope_mcp.memory.store import KuzuExperienceStore
 
 
@@ -43,5 +43,7 @@ def test_updates_and_full_text_search(tmp_path):
     store.update_attempt("k-2", speedup=2.5, label="effective", flags=["-O2"])
     found = store.attempt("k-2")
     assert found.speedup == 2.5 and found.label == "effective" and found.flags == ["-O2"]
-    hits = store.full_text("unroll", 10)
-    assert {item_id for kind, item_id, _ in hits if kind == "attempt"} == {"k-1", "k-2", "k-3"}
+    store.add_strategy(StrategyRecord(strategy_id="st-1", name="unroll by 4", key="4 unroll"))
+    store.add_strategy(StrategyRecord(strategy_id="st-2", name="OpenMP over rows", key="openmp parallel row"))
+    hits = store.full_text("unroll the loop", 10)
+    assert [(kind, item_id) for kind, item_id, _ in hits] == [("strategy", "st-1")]

@@ -55,3 +55,10 @@ def test_the_same_error_in_another_session_gets_the_same_signature(workbench, se
     other = workbench.compile_kernel("sum_reduce", SUM_BROKEN.replace("acc[k]", "acc[k] ").replace("total", "sum"))
     assert workbench.store.attempt(other.kernel_id).error_signature == \
         workbench.store.attempt(session["broken"]).error_signature
+
+
+def test_the_change_from_the_parent_is_recorded_as_a_short_diff(workbench, session):
+    fast = workbench.store.attempt(session["fast"])
+    assert "+ float acc[16] = {0};" in fast.diff_from_parent
+    assert "- float acc = 0.0f;" in fast.diff_from_parent
+    assert workbench.store.attempt(session["naive"]).diff_from_parent == ""  # a root has no parent
