@@ -212,6 +212,15 @@ async def _demo_session() -> int:
             return 1
         fast = await call("profile_kernel", kernel_id=fixed["kernel_id"])
         step(f"profile optimised: median {fast['kernel']['median_s'] * 1e3:.2f} ms")
+        recorded = await call("record_experience", kernel_id=fixed["kernel_id"], strategy=FAST_STRATEGY,
+                              lesson="i-k-j order makes the inner loop contiguous, so -O3 vectorises it",
+                              rationale="the naive i-j-k loop reads B by columns")
+        step(f"record_experience -> {recorded['experience_id']} ({recorded['label']}, "
+             f"verified={recorded['verified']})")
+        advice = await call("query_experience", query="make the matrix-vector product faster", task_id="gemv",
+                            token_budget=400)
+        step(f"query_experience for gemv: {len(advice['items'])} items, {advice['tokens_used']} tokens "
+             f"of {advice['token_budget']}")
 
     lo, hi = fast["speedup_vs_baseline_ci95"]
 
@@ -228,5 +237,7 @@ async def _demo_session() -> int:
     print(f"  strategy: {FAST_STRATEGY}")
     for warning in fast["warnings"]:
         print(f"  warning: {warning}")
+    print("\nWhat the memory now offers an agent starting on gemv (query_experience, 400-token budget):")
+    print(textwrap.indent(advice["context"], "  "))
     print(f"\nDone in {time.monotonic() - started:.1f} s; data kept under {os.environ.get('KOPE_HOME', '~/.kope')}.")
     return 0

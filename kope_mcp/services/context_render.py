@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 _SECTIONS = (
     ("hot", None, "## Where you are"),
     ("warm", "case", "## What worked here (this task or family, this hardware)"),
-    ("warm", "fix", "## Fixes that resolved the same failure"),
+    ("warm", "fix", "## Errors and the fixes that resolved them"),
     ("warm", "pitfall", "## Pitfalls to avoid"),
     ("warm", "lesson", "## Lessons"),
     ("cold", None, "## From other families or hardware"),

@@ -10,4 +10,6 @@ def test_kope_demo_runs_a_session_end_to_end_and_reports_a_speedup(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ok=False, line" in done.stdout  # the broken kernel's error is reported with its line
     assert "speedup vs naive baseline" in done.stdout
+    assert "What the memory now offers an agent starting on gemv" in done.stdout
+    assert "## What worked here" in done.stdout  # the matmul win, offered to the same family
     assert (tmp_path / "home" / "memory.kuzu").is_file()

@@ -68,7 +68,7 @@ def test_a_session_stuck_on_a_compile_error_gets_the_fix_for_the_same_signature(
     assert answer.phase == "compile_error"
     fixes = [i for i in answer.items if i.kind == "fix"]
     assert fixes and fixes[0].id == ids["broken"] and "same error signature" in fixes[0].why
-    assert "## Fixes that resolved the same failure" in answer.context
+    assert "## Errors and the fixes that resolved them" in answer.context
     assert answer.items[0].tier == "hot" and answer.items[0].kind == "target"
 
 
