@@ -128,6 +128,11 @@ class KuzuExperienceStore:
                 self._exec("CREATE (:KopeMigration {version: $v, name: $n, applied_at: $t})",
                            {"v": version, "n": name, "t": _now()})
 
+    def _require(self, table: str, key: str, value: str, why: str) -> None:
+        # A MATCH that finds nothing makes the CREATE after it a silent no-op: never let a write vanish.
+        if not self.has_node(table, key, value):
+            raise ValueError(f"{table} {value!r} was not created: {why}")
+
     def schema_version(self) -> int:
         return max((row["v"] for row in self._rows("MATCH (m:KopeMigration) RETURN m.version AS v")), default=0)
 
@@ -152,18 +157,18 @@ class KuzuExperienceStore:
 
     # --- sessions ------------------------------------------------------------------------------------------
     def add_session(self, record: SessionRecord) -> None:
-        with self._lock:
-            self._exec(
-                "CREATE (:Session {session_id: $id, task_id: $t, hardware_key: $h, agent_name: $an, "
-                "agent_version: $av, agent_label: $al, created_at: $c, incumbent_id: $ii, incumbent_speedup: $is})",
-                {"id": record.session_id, "t": record.task_id, "h": record.hardware_key, "an": record.agent.name,
-                 "av": record.agent.version, "al": record.agent.label, "c": record.created_at,
-                 "ii": record.incumbent_id, "is": record.incumbent_speedup},
-            )
-            self._exec("MATCH (s:Session {session_id: $id}), (t:Task {id: $t}) CREATE (s)-[:FOR_TASK]->(t)",
-                       {"id": record.session_id, "t": record.task_id})
-            self._exec("MATCH (s:Session {session_id: $id}), (h:Hardware {key: $h}) CREATE (s)-[:ON_HARDWARE]->(h)",
-                       {"id": record.session_id, "h": record.hardware_key})
+        # One statement: the session and its edges commit together.
+        self._exec(
+            "MATCH (t:Task {id: $t}), (h:Hardware {key: $h}) "
+            "CREATE (s:Session {session_id: $id, task_id: $t, hardware_key: $h, agent_name: $an, "
+            "agent_version: $av, agent_label: $al, created_at: $c, incumbent_id: $ii, incumbent_speedup: $is})"
+            "-[:FOR_TASK]->(t), (s)-[:ON_HARDWARE]->(h)",
+            {"id": record.session_id, "t": record.task_id, "h": record.hardware_key, "an": record.agent.name,
+             "av": record.agent.version, "al": record.agent.label, "c": record.created_at,
+             "ii": record.incumbent_id, "is": record.incumbent_speedup},
+        )
+        self._require("Session", "session_id", record.session_id, f"task {record.task_id!r} and hardware "
+                      f"{record.hardware_key!r} must exist first")
 
     def session(self, session_id: str) -> SessionRecord:
         rows = self._rows("MATCH (s:Session {session_id: $id}) RETURN s", {"id": session_id})
@@ -192,6 +197,8 @@ class KuzuExperienceStore:
                 "(a)-[:ON_HARDWARE]->(h)",
                 {**props, "__s": record.session_id, "__t": record.task_id, "__h": record.hardware_key},
             )
+            self._require("Attempt", "kernel_id", record.kernel_id, f"session {record.session_id!r}, task "
+                          f"{record.task_id!r} and hardware {record.hardware_key!r} must exist first")
             if record.parent_id:
                 self._exec("MATCH (a:Attempt {kernel_id: $k}), (p:Attempt {kernel_id: $p}) CREATE (a)-[:PREV]->(p)",
                            {"k": record.kernel_id, "p": record.parent_id})

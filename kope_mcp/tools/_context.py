@@ -11,6 +11,7 @@ import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 
 from kope_mcp.errors import KopeError
 from kope_mcp.memory.records import AgentInfo
@@ -18,6 +19,11 @@ from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
 
 T = TypeVar("T")
+
+
+# Annotations of the tools that add to the workbench or the memory: they never delete or overwrite anything.
+APPENDS = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                          open_world_hint=False)
 
 
 @dataclass

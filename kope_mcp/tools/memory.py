@@ -12,15 +12,14 @@ from pydantic import Field
 
 from kope_mcp.models import Phase, QueryResult, RecordResult
 from kope_mcp.services.memory_admin import memory_stats
-from kope_mcp.tools._context import LiveState, agent_info, app_state, call_service
+from kope_mcp.tools._context import APPENDS, LiveState, agent_info, app_state, call_service
 
 
 def register(server: MCPServer[Any], live: LiveState) -> None:
     @server.tool(
         name="record_experience",
         title="Record what you tried and learned",
-        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                                    open_world_hint=False),
+        annotations=APPENDS,
     )
     async def record_experience(
         ctx: Context[Any, Any],

@@ -10,7 +10,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from kope_mcp.models import CompileResult, ProfileReport, TestReport
-from kope_mcp.tools._context import agent_info, app_state, call_service
+from kope_mcp.tools._context import APPENDS, agent_info, app_state, call_service
 
 KernelId = Annotated[str, Field(description="The kernel_id returned by compile_kernel.")]
 
@@ -19,8 +19,7 @@ def register(server: MCPServer[Any]) -> None:
     @server.tool(
         name="compile_kernel",
         title="Compile a candidate kernel",
-        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                                    open_world_hint=False),
+        annotations=APPENDS,
     )
     async def compile_kernel(
         ctx: Context[Any, Any],

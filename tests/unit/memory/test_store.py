@@ -47,3 +47,12 @@ def test_updates_and_full_text_search(tmp_path):
     store.add_strategy(StrategyRecord(strategy_id="st-2", name="OpenMP over rows", key="openmp parallel row"))
     hits = store.full_text("unroll the loop", 10)
     assert [(kind, item_id) for kind, item_id, _ in hits] == [("strategy", "st-1")]
+
+
+def test_an_attempt_for_a_missing_session_is_refused_not_silently_dropped(tmp_path):
+    import pytest
+
+    store = populated(tmp_path)
+    orphan = make_attempt("k-9").model_copy(update={"session_id": "s-missing"})
+    with pytest.raises(ValueError, match="must exist first"):
+        store.add_attempt(orphan)
