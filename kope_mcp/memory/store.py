@@ -334,12 +334,6 @@ class KuzuExperienceStore:
                 row[name] = json.loads(row.get(name) or "[]")
             yield row
 
-    def prev_children(self, kernel_ids: list[str]) -> list[tuple[str, str]]:
-        """(parent, child) PREV pairs for these parents, children oldest first."""
-        return [(r["p"], r["c"]) for r in self._rows(
-            "UNWIND $ids AS i MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: i}) "
-            "RETURN p.kernel_id AS p, c.kernel_id AS c ORDER BY c.created_at", {"ids": kernel_ids})]
-
     def all_lessons(self) -> list[LessonRecord]:
         return [_lesson(r["l"]) for r in self._rows("MATCH (l:Lesson) RETURN l ORDER BY l.created_at")]
 
