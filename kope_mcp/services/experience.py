@@ -76,6 +76,14 @@ class ExperienceService:
     ) -> RecordResult:
         if not lesson.strip() or not strategy.strip():
             raise EmptyLessonError("both `strategy` and `lesson` need text: what you tried, and what you learned")
+        with self.memory.write_lock:
+            return self._record(strategy, lesson, kernel_id, session_id, task_id, opt_layer, rationale, hardware,
+                                agent)
+
+    def _record(
+        self, strategy: str, lesson: str, kernel_id: str | None, session_id: str | None, task_id: str | None,
+        opt_layer: str | None, rationale: str | None, hardware: str | None, agent: AgentInfo | None,
+    ) -> RecordResult:
         attempt = self.store.attempt(kernel_id) if kernel_id else None
         if attempt is None and session_id:
             task_id = task_id or self.store.session(session_id).task_id

@@ -50,6 +50,9 @@ class ExperienceMemory:
         self._backlog_queued = threading.Event()
         self._known_tasks: set[str] = set()
         self._known_hardware: set[str] = set()
+        # Recording is read-modify-write (step ratio from the parent, downstream scores up the chain, the
+        # incumbent): one writer at a time, whichever thread the MCP call runs in.
+        self.write_lock = threading.RLock()
         self._strategy_lock = threading.Lock()
         self._strategies: list[StrategyRecord] | None = None  # cached: strategies are only ever added
         self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
@@ -203,6 +206,10 @@ class ExperienceMemory:
 
     # --- automatic recording -------------------------------------------------------------------------------
     def record_compile(self, record: AttemptRecord, first_error: str | None) -> AttemptRecord:
+        with self.write_lock:
+            return self._record_compile(record, first_error)
+
+    def _record_compile(self, record: AttemptRecord, first_error: str | None) -> AttemptRecord:
         if record.strategy:
             record.strategy_id = self.canonical_strategy(record.strategy).strategy_id
         record.error_signature = compile_signature(first_error)
@@ -218,6 +225,10 @@ class ExperienceMemory:
         return record
 
     def record_test(self, kernel_id: str, report: TestReport) -> None:
+        with self.write_lock:
+            self._record_test(kernel_id, report)
+
+    def _record_test(self, kernel_id: str, report: TestReport) -> None:
         attempt = self.store.attempt(kernel_id)
         unwritten = sum(c.unwritten for c in report.cases)
         signature = failure_signature(report.failure, report.message, unwritten) or attempt.error_signature
@@ -227,6 +238,10 @@ class ExperienceMemory:
         self._refresh_downstream(kernel_id)
 
     def record_profile(self, kernel_id: str, report: ProfileReport) -> None:
+        with self.write_lock:
+            self._record_profile(kernel_id, report)
+
+    def _record_profile(self, kernel_id: str, report: ProfileReport) -> None:
         attempt = self.store.attempt(kernel_id)
         ratio = step_ratio(report.speedup_vs_baseline, self._predecessor_speedup(attempt))
         noisy = any(w.startswith("noisy") for w in report.warnings)

@@ -62,3 +62,25 @@ def test_the_change_from_the_parent_is_recorded_as_a_short_diff(workbench, sessi
     assert "+ float acc[16] = {0};" in fast.diff_from_parent
     assert "- float acc = 0.0f;" in fast.diff_from_parent
     assert workbench.store.attempt(session["naive"]).diff_from_parent == ""  # a root has no parent
+
+
+def test_concurrent_recording_from_many_threads_loses_nothing(workbench):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kope_mcp.services.experience import ExperienceService
+    from tests.memory_helpers import SUM_NAIVE
+
+    service = ExperienceService(workbench.memory, workbench.tasks)
+    before = workbench.store.counts()
+
+    def work(i: int) -> tuple[str, str]:
+        compiled = workbench.compile_kernel("sum_reduce", SUM_NAIVE + f"// variant {i % 3}\n", strategy=f"s{i % 4}")
+        lesson = service.record_experience(f"s{i % 4}", f"lesson {i}", kernel_id=compiled.kernel_id)
+        return compiled.kernel_id, lesson.experience_id
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(work, range(24)))
+    after = workbench.store.counts()
+    assert after["Attempt"] - before["Attempt"] == 24 and after["Lesson"] - before["Lesson"] == 24
+    for kernel_id, lesson_id in results:
+        assert workbench.store.lesson(lesson_id).attempt_id == kernel_id
