@@ -16,8 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the MCP server (stdio, for Claude Desktop and other clients)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     tasks = sub.add_parser("tasks", help="list the task suite, or show one task")
-    tasks.add_argument("action", nargs="?", choices=["show"], help="'show ID' prints one task in full")
-    tasks.add_argument("task_id", nargs="?")
+    tasks.add_argument("action", nargs="?", choices=["show", "add"],
+                       help="'show ID' prints one task in full; 'add DIR' checks and installs a task folder")
+    tasks.add_argument("task_id", nargs="?", help="a task id (show) or a task folder (add)")
+    tasks.add_argument("--replace", action="store_true", help="with add: replace an installed task of that id")
     tasks.add_argument("--family", help="only this family")
     sub.add_parser("doctor", help="what this machine offers: compilers, OpenMP, ISA, caches, sandbox")
     sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args.log_level)
     if args.command == "tasks":
-        return _tasks(args.action, args.task_id, args.family)
+        return _tasks(args.action, args.task_id, args.family, args.replace)
     if args.command == "doctor":
         return _doctor()
     return _demo()
@@ -44,11 +46,30 @@ def _serve(log_level: str) -> int:
     return 0
 
 
-def _tasks(action: str | None, task_id: str | None, family: str | None) -> int:
+def _tasks(action: str | None, task_id: str | None, family: str | None, replace: bool = False) -> int:
+    from pathlib import Path
+
     from kope_mcp.errors import KopeError
+    from kope_mcp.settings import KopeSettings
     from kope_mcp.tasks.registry import TaskRegistry
 
-    registry = TaskRegistry.default()
+    settings = KopeSettings.from_env()
+    if action == "add":
+        from kope_mcp.services.task_admin import add_task
+
+        if not task_id:
+            print("usage: kope tasks add DIR [--replace]", file=sys.stderr)
+            return 2
+        try:
+            added = add_task(settings, Path(task_id), replace)
+        except KopeError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        print(f"{'replaced' if added.replaced else 'added'} task {added.task_id}: {added.prototype}\n"
+              f"its baseline passed its {added.baseline_cases_passed} cases; installed at {added.installed_at} "
+              "(restart running servers to see it)")
+        return 0
+    registry = TaskRegistry.default(settings.home)
     for problem in registry.problems:
         print(f"warning: {problem}", file=sys.stderr)
     try:

@@ -58,7 +58,7 @@ class Workbench:
     def __init__(self, settings: KopeSettings, tasks: TaskRegistry | None = None,
                  memory: ExperienceMemory | None = None) -> None:
         self.settings = settings
-        self.tasks = tasks or TaskRegistry.default()
+        self.tasks = tasks or TaskRegistry.default(settings.home)
         self.memory = memory or ExperienceMemory(KuzuExperienceStore(settings.memory_path),
                                                  BackgroundEmbedder(settings.embeddings))
         self.store = self.memory.store

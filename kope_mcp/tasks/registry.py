@@ -13,6 +13,7 @@ from kope_mcp.tasks.spec import Family
 log = logging.getLogger(__name__)
 
 SUITE_DIR = Path(__file__).parent / "suite"
+USER_TASKS_DIR = "tasks"
 FAMILIES: tuple[str, ...] = Family.__args__  # type: ignore[attr-defined]
 
 
@@ -26,9 +27,11 @@ class TaskRegistry:
             self._load_root(root)
 
     @classmethod
-    def default(cls) -> TaskRegistry:
+    def default(cls, home: Path | None = None) -> TaskRegistry:
+        """The packaged suite, the tasks added with `kope tasks add` (under KOPE_HOME/tasks), KOPE_TASKS_PATH."""
+        added = [home / USER_TASKS_DIR] if home is not None and (home / USER_TASKS_DIR).is_dir() else []
         extra = [Path(p).expanduser() for p in os.environ.get("KOPE_TASKS_PATH", "").split(os.pathsep) if p]
-        return cls([SUITE_DIR, *extra])
+        return cls([SUITE_DIR, *added, *extra])
 
     def _load_root(self, root: Path) -> None:
         if not root.is_dir():
