@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,30 +20,22 @@ from typing import Any
 import kuzu
 
 from kope_mcp.errors import UnknownExperienceError, UnknownKernelError, UnknownSessionError
-from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
+from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
+from kope_mcp.memory.rows import (
+    ATTEMPT_COLUMNS,
+    JSON_FIELDS,
+    LESSON_COLUMNS,
+    attempt_from_row,
+    attempt_props,
+    got_further,
+    lesson_from_row,
+    session_from_row,
+)
 
 EMBEDDING_DIM = 384
 
-_ATTEMPT_COLUMNS: dict[str, str] = {
-    "kernel_id": "STRING", "session_id": "STRING", "task_id": "STRING", "family": "STRING",
-    "hardware_key": "STRING", "backend": "STRING", "build_hash": "STRING", "source": "STRING",
-    "source_hash": "STRING", "flags": "STRING", "ok": "BOOLEAN", "uses_openmp": "BOOLEAN", "parent_id": "STRING",
-    "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING", "created_at": "STRING", "agent": "STRING",
-    "error_signature": "STRING", "diff_from_parent": "STRING", "diagnostics_digest": "STRING",
-    "tested": "BOOLEAN", "correct": "BOOLEAN",
-    "failure": "STRING", "failure_message": "STRING", "median_s": "DOUBLE", "speedup": "DOUBLE",
-    "speedup_ci_low": "DOUBLE", "speedup_vs_reference": "DOUBLE", "step_ratio": "DOUBLE", "label": "STRING",
-    "confidence": "DOUBLE", "downstream": "DOUBLE", "profile_warnings": "STRING", "search_text": "STRING",
-}
-_LESSON_COLUMNS: dict[str, str] = {
-    "lesson_id": "STRING", "text": "STRING", "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING",
-    "rationale": "STRING", "task_id": "STRING", "family": "STRING", "hardware_key": "STRING",
-    "attempt_id": "STRING", "verified": "BOOLEAN", "label": "STRING", "step_ratio": "DOUBLE", "speedup": "DOUBLE",
-    "confidence": "DOUBLE", "agent": "STRING", "created_at": "STRING", "search_text": "STRING",
-}
-_JSON_FIELDS = ("flags", "profile_warnings")
 _GOT_FURTHER = "c.ok = true AND (p.ok = false OR c.correct = true)"
-_SUMMARY_RETURN = ", ".join(f"a.{c} AS {c}" for c in _ATTEMPT_COLUMNS if c not in ("source", "search_text"))
+_SUMMARY_RETURN = ", ".join(f"a.{c} AS {c}" for c in ATTEMPT_COLUMNS if c not in ("source", "search_text"))
 
 
 def _table(name: str, columns: dict[str, str], key: str) -> str:
@@ -60,10 +52,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "CREATE NODE TABLE Session(session_id STRING, task_id STRING, hardware_key STRING, agent_name STRING, "
         "agent_version STRING, agent_label STRING, created_at STRING, incumbent_id STRING, "
         "incumbent_speedup DOUBLE, PRIMARY KEY (session_id))",
-        _table("Attempt", _ATTEMPT_COLUMNS, "kernel_id"),
+        _table("Attempt", ATTEMPT_COLUMNS, "kernel_id"),
         "CREATE NODE TABLE Strategy(strategy_id STRING, name STRING, key STRING, created_at STRING, "
         "PRIMARY KEY (strategy_id))",
-        _table("Lesson", _LESSON_COLUMNS, "lesson_id"),
+        _table("Lesson", LESSON_COLUMNS, "lesson_id"),
         f"CREATE NODE TABLE Embedding(id STRING, kind STRING, model STRING, vector FLOAT[{EMBEDDING_DIM}], "
         "PRIMARY KEY (id))",
         "CREATE REL TABLE PREV(FROM Attempt TO Attempt)",
@@ -92,8 +84,6 @@ class KuzuExperienceStore:
         self._db = kuzu.Database(str(path))
         self._conn = kuzu.Connection(self._db)
         self._lock = threading.RLock()
-        self._generation = 0  # bumped by every write; read caches key on it
-        self._best_cache: tuple[int, int, list[AttemptRecord]] | None = None
         self._migrate()
 
     # --- plumbing ------------------------------------------------------------------------------------------
@@ -106,7 +96,6 @@ class KuzuExperienceStore:
     def _exec(self, query: str, params: dict[str, Any] | None = None) -> None:
         with self._lock:
             self._run(query, params)
-            self._generation += 1  # every _exec is a write (reads go through _rows)
 
     def _run(self, query: str, params: dict[str, Any] | None) -> kuzu.QueryResult:
         result = self._conn.execute(query, params or {})
@@ -174,7 +163,7 @@ class KuzuExperienceStore:
         rows = self._rows("MATCH (s:Session {session_id: $id}) RETURN s", {"id": session_id})
         if not rows:
             raise UnknownSessionError(session_id)
-        return _session(rows[0]["s"])
+        return session_from_row(rows[0]["s"])
 
     def set_incumbent(self, session_id: str, kernel_id: str, speedup: float) -> None:
         self._exec("MATCH (s:Session {session_id: $id}) SET s.incumbent_id = $k, s.incumbent_speedup = $v",
@@ -182,12 +171,12 @@ class KuzuExperienceStore:
 
     def sessions(self, task_id: str | None = None) -> list[SessionRecord]:
         where = "WHERE s.task_id = $t " if task_id else ""
-        return [_session(r["s"]) for r in self._rows(f"MATCH (s:Session) {where}RETURN s ORDER BY s.created_at",
+        return [session_from_row(r["s"]) for r in self._rows(f"MATCH (s:Session) {where}RETURN s ORDER BY s.created_at",
                                                      {"t": task_id} if task_id else {})]
 
     # --- attempts ------------------------------------------------------------------------------------------
     def add_attempt(self, record: AttemptRecord) -> None:
-        props = _attempt_props(record)
+        props = attempt_props(record)
         assignments = ", ".join(f"{k}: ${k}" for k in props)
         with self._lock:
             # One statement, so the node and its mandatory edges commit together.
@@ -206,8 +195,8 @@ class KuzuExperienceStore:
                 self.link_strategy("Attempt", record.kernel_id, record.strategy_id)
 
     def update_attempt(self, kernel_id: str, **fields: Any) -> None:
-        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in fields.items()}
-        unknown = set(values) - set(_ATTEMPT_COLUMNS)
+        values = {k: (json.dumps(v) if k in JSON_FIELDS else v) for k, v in fields.items()}
+        unknown = set(values) - set(ATTEMPT_COLUMNS)
         if unknown:
             raise ValueError(f"not attempt columns: {sorted(unknown)}")
         assignments = ", ".join(f"a.{k} = ${k}" for k in values)
@@ -217,11 +206,11 @@ class KuzuExperienceStore:
         rows = self._rows("MATCH (a:Attempt {kernel_id: $k}) RETURN a", {"k": kernel_id})
         if not rows:
             raise UnknownKernelError(kernel_id)
-        return _attempt(rows[0]["a"])
+        return attempt_from_row(rows[0]["a"])
 
     def all_attempts(self) -> list[AttemptRecord]:
         """Every attempt with its source, oldest first (export)."""
-        return [_attempt(r["a"]) for r in self._rows("MATCH (a:Attempt) RETURN a ORDER BY a.created_at")]
+        return [attempt_from_row(r["a"]) for r in self._rows("MATCH (a:Attempt) RETURN a ORDER BY a.created_at")]
 
     def attempts_in_session(self, session_id: str) -> list[AttemptRecord]:
         return self._summaries("MATCH (a:Attempt)-[:IN_SESSION]->(s:Session {session_id: $s})", "",
@@ -232,7 +221,7 @@ class KuzuExperienceStore:
     def _summaries(self, match: str, where: str, params: dict[str, Any], order: str, limit: int) -> list[AttemptRecord]:
         clause = f" WHERE {where}" if where else ""
         rows = self._rows(f"{match}{clause} RETURN {_SUMMARY_RETURN} ORDER BY {order} LIMIT {int(limit)}", params)
-        return [_attempt(row) for row in rows]
+        return [attempt_from_row(row) for row in rows]
 
     def attempts_for_task(self, task_id: str, limit: int) -> list[AttemptRecord]:
         return self._summaries("MATCH (a:Attempt)-[:FOR_TASK]->(t:Task {id: $t})", "", {"t": task_id},
@@ -251,14 +240,8 @@ class KuzuExperienceStore:
                                "a.created_at DESC", limit)
 
     def best_attempts(self, limit: int) -> list[AttemptRecord]:
-        """The best effective attempts anywhere (a full scan, so cached until the next write)."""
-        with self._lock:
-            cached = self._best_cache
-            if cached is not None and cached[0] == self._generation and cached[1] >= limit:
-                return cached[2][:limit]
-            found = self._summaries("MATCH (a:Attempt)", "a.label = 'effective'", {}, "a.downstream DESC", limit)
-            self._best_cache = (self._generation, limit, found)
-            return found
+        """The best effective attempts anywhere (a full scan; RetrievalIndex serves this once loaded)."""
+        return self._summaries("MATCH (a:Attempt)", "a.label = 'effective'", {}, "a.downstream DESC", limit)
 
     def attempts_by_id(self, kernel_ids: list[str]) -> list[AttemptRecord]:
         # UNWIND + a primary-key match is an index lookup per id; `IN $ids` would scan the table.
@@ -277,7 +260,7 @@ class KuzuExperienceStore:
     def latest_in_session(self, session_id: str) -> AttemptRecord | None:
         rows = self._rows("MATCH (a:Attempt)-[:IN_SESSION]->(s:Session {session_id: $s}) RETURN a "
                           "ORDER BY a.created_at DESC LIMIT 1", {"s": session_id})
-        return _attempt(rows[0]["a"]) if rows else None
+        return attempt_from_row(rows[0]["a"]) if rows else None
 
     def successor_scores(self, kernel_id: str) -> list[float]:
         return [float(r["d"] or 0.0) for r in self._rows(
@@ -298,7 +281,7 @@ class KuzuExperienceStore:
         return out
 
     def successors(self, kernel_id: str) -> list[AttemptRecord]:
-        return [_attempt(r["c"]) for r in self._rows(
+        return [attempt_from_row(r["c"]) for r in self._rows(
             "MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: $k}) RETURN c ORDER BY c.created_at", {"k": kernel_id})]
 
     def prev_fixes(self, kernel_ids: list[str]) -> dict[str, AttemptRecord]:
@@ -307,7 +290,7 @@ class KuzuExperienceStore:
         for row in self._rows("UNWIND $ids AS i MATCH (c:Attempt)-[:PREV]->(p:Attempt {kernel_id: i}) "
                               f"WHERE {_GOT_FURTHER} RETURN p.kernel_id AS parent, "
                               f"{_SUMMARY_RETURN.replace('a.', 'c.')} ORDER BY c.created_at", {"ids": kernel_ids}):
-            fixes.setdefault(row.pop("parent"), _attempt(row))
+            fixes.setdefault(row.pop("parent"), attempt_from_row(row))
         return fixes
 
     def session_next_fixes(self, kernel_ids: list[str]) -> dict[str, AttemptRecord]:
@@ -318,7 +301,7 @@ class KuzuExperienceStore:
         for row in self._rows("UNWIND $s AS sid MATCH (a:Attempt)-[:IN_SESSION]->(s:Session {session_id: sid}) "
                               f"RETURN {_SUMMARY_RETURN} ORDER BY a.created_at",
                               {"s": sorted({f["s"] for f in failing})}):
-            child = _attempt(row)
+            child = attempt_from_row(row)
             by_session.setdefault(child.session_id, []).append(child)
         fixes: dict[str, AttemptRecord] = {}
         for parent in failing:
@@ -330,12 +313,12 @@ class KuzuExperienceStore:
     def attempt_summaries(self) -> Iterator[dict[str, Any]]:
         """Every attempt without its source, as plain dicts (fast: no record validation), for RetrievalIndex."""
         for row in self._rows(f"MATCH (a:Attempt) RETURN {_SUMMARY_RETURN}"):
-            for name in _JSON_FIELDS:
+            for name in JSON_FIELDS:
                 row[name] = json.loads(row.get(name) or "[]")
             yield row
 
     def all_lessons(self) -> list[LessonRecord]:
-        return [_lesson(r["l"]) for r in self._rows("MATCH (l:Lesson) RETURN l ORDER BY l.created_at")]
+        return [lesson_from_row(r["l"]) for r in self._rows("MATCH (l:Lesson) RETURN l ORDER BY l.created_at")]
 
     # --- strategies and lessons ----------------------------------------------------------------------------
     def strategies(self) -> list[StrategyRecord]:
@@ -369,22 +352,22 @@ class KuzuExperienceStore:
         rows = self._rows("MATCH (l:Lesson {lesson_id: $l}) RETURN l", {"l": lesson_id})
         if not rows:
             raise UnknownExperienceError(lesson_id)
-        return _lesson(rows[0]["l"])
+        return lesson_from_row(rows[0]["l"])
 
     def lessons_by_id(self, lesson_ids: list[str]) -> list[LessonRecord]:
         if not lesson_ids:
             return []
-        return [_lesson(r["l"]) for r in self._rows("UNWIND $ids AS i MATCH (l:Lesson {lesson_id: i}) RETURN l",
+        return [lesson_from_row(r["l"]) for r in self._rows("UNWIND $ids AS i MATCH (l:Lesson {lesson_id: i}) RETURN l",
                                                     {"ids": lesson_ids})]
 
     def lessons_in_scope(self, task_id: str | None, family: str | None, limit: int) -> list[LessonRecord]:
         """General lessons plus those about this task or family, newest first (a scan; see RetrievalIndex)."""
-        return [_lesson(r["l"]) for r in self._rows(
+        return [lesson_from_row(r["l"]) for r in self._rows(
             "MATCH (l:Lesson) WHERE (l.task_id IS NULL AND l.family IS NULL) OR l.task_id = $t OR l.family = $f "
             f"RETURN l ORDER BY l.created_at DESC LIMIT {int(limit)}", {"t": task_id or "", "f": family or ""})]
 
     def lessons_for_attempt(self, kernel_id: str) -> list[LessonRecord]:
-        return [_lesson(r["l"]) for r in self._rows(
+        return [lesson_from_row(r["l"]) for r in self._rows(
             "MATCH (l:Lesson)-[:FROM_ATTEMPT]->(a:Attempt {kernel_id: $k}) RETURN l ORDER BY l.created_at",
             {"k": kernel_id})]
 
@@ -429,8 +412,8 @@ class KuzuExperienceStore:
     def bulk_attempts(self, records: list[AttemptRecord], chunk: int = 5000) -> None:
         """Insert many attempts with all their edges: nodes by UNWIND, edges by COPY (minutes -> seconds)."""
         for start in range(0, len(records), chunk):
-            rows = [_attempt_props(r) for r in records[start:start + chunk]]
-            assignments = _unwind_assignments(rows[0], _ATTEMPT_COLUMNS)
+            rows = [attempt_props(r) for r in records[start:start + chunk]]
+            assignments = _unwind_assignments(rows[0], ATTEMPT_COLUMNS)
             self._exec(f"UNWIND $rows AS r CREATE (:Attempt {{{assignments}}})", {"rows": rows})
         self._copy_edges("IN_SESSION", "Attempt", "Session", [(r.kernel_id, r.session_id) for r in records])
         self._copy_edges("FOR_TASK", "Attempt", "Task", [(r.kernel_id, r.task_id) for r in records])
@@ -449,7 +432,7 @@ class KuzuExperienceStore:
 
     def bulk_lessons(self, records: list[tuple[LessonRecord, str]]) -> None:
         rows = [{**lesson.model_dump(), "search_text": text} for lesson, text in records]
-        assignments = _unwind_assignments(rows[0], _LESSON_COLUMNS)
+        assignments = _unwind_assignments(rows[0], LESSON_COLUMNS)
         self._exec(f"UNWIND $rows AS r CREATE (:Lesson {{{assignments}}})", {"rows": rows})
         self._copy_edges("FROM_ATTEMPT", "Lesson", "Attempt", [(lesson.lesson_id, lesson.attempt_id)
                                                                for lesson, _ in records if lesson.attempt_id])
@@ -493,49 +476,7 @@ class KuzuExperienceStore:
         return bool(self._rows(f"MATCH (n:{table}) WHERE n.{key} = $v RETURN count(n) AS c", {"v": value})[0]["c"])
 
 
-def got_further(parent_ok: bool, child: AttemptRecord) -> bool:
-    """The child fixed the parent's failure: it compiled where the parent did not, or it passed its tests."""
-    return child.ok and (not parent_ok or bool(child.correct))
-
-
 def _unwind_assignments(row: dict[str, Any], columns: dict[str, str]) -> str:
     # UNWIND infers a struct field's type from the values; a column that is NULL in every row comes out as
     # STRING, so every non-string column is cast explicitly.
     return ", ".join(f"{k}: r.{k}" if columns[k] == "STRING" else f"{k}: CAST(r.{k} AS {columns[k]})" for k in row)
-
-
-def _attempt_props(record: AttemptRecord) -> dict[str, Any]:
-    data = record.model_dump()
-    for name in _JSON_FIELDS:
-        data[name] = json.dumps(data[name])
-    data["search_text"] = attempt_search_text(record)
-    return data
-
-
-def attempt_search_text(record: AttemptRecord) -> str:
-    parts: Iterable[str | None] = (record.task_id, record.family, record.strategy, record.opt_layer,
-                                   " ".join(record.flags), record.error_signature, record.failure,
-                                   record.failure_message[:300], record.label)
-    return " ".join(p for p in parts if p)
-
-
-def _attempt(node: dict[str, Any]) -> AttemptRecord:
-    data = {k: v for k, v in node.items() if k in _ATTEMPT_COLUMNS and k != "search_text"}
-    data.setdefault("source", "")  # summaries leave the source out
-    for name in _JSON_FIELDS:
-        data[name] = json.loads(data.get(name) or "[]")
-    return AttemptRecord.model_validate(data)
-
-
-def _lesson(node: dict[str, Any]) -> LessonRecord:
-    return LessonRecord.model_validate({k: v for k, v in node.items() if k in _LESSON_COLUMNS and k != "search_text"})
-
-
-def _session(node: dict[str, Any]) -> SessionRecord:
-    return SessionRecord(
-        session_id=node["session_id"], task_id=node["task_id"], hardware_key=node["hardware_key"],
-        agent=AgentInfo(name=node["agent_name"] or "unknown", version=node["agent_version"] or "",
-                        label=node["agent_label"]),
-        created_at=node["created_at"], incumbent_id=node["incumbent_id"],
-        incumbent_speedup=node["incumbent_speedup"],
-    )

@@ -16,8 +16,9 @@ from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, step_ratio
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
 from kope_mcp.memory.retrieval_index import RetrievalIndex, summary_row
+from kope_mcp.memory.rows import got_further
 from kope_mcp.memory.signature import compile_signature, failure_signature
-from kope_mcp.memory.store import EMBEDDING_DIM, KuzuExperienceStore, got_further
+from kope_mcp.memory.store import EMBEDDING_DIM, KuzuExperienceStore
 from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
 from kope_mcp.memory.vectors import VectorIndex
 from kope_mcp.models import ProfileReport, TestReport
@@ -183,8 +184,9 @@ class ExperienceMemory:
                     return strategy
             vectors = self.embedder.embed([name]) if known else None
             if vectors:
-                best = max(known, key=lambda s: self._cosine(vectors[0], s.strategy_id))
-                if self._cosine(vectors[0], best.strategy_id) >= SAME_STRATEGY_COSINE:
+                similarity, best = max(((self._cosine(vectors[0], s.strategy_id), s) for s in known),
+                                       key=lambda pair: pair[0])
+                if similarity >= SAME_STRATEGY_COSINE:
                     return best
             record = StrategyRecord(strategy_id=new_id("st"), name=name.strip()[:200], key=key)
             self.store.add_strategy(record)

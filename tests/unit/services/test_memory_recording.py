@@ -2,6 +2,7 @@
 
 import pytest
 
+from kope_mcp.memory.outcome import label_for
 from kope_mcp.memory.records import AgentInfo
 from tests.memory_helpers import SUM_BROKEN, run_sum_session
 
@@ -33,7 +34,8 @@ def test_step_ratio_label_and_downstream_follow_the_measurements(workbench, sess
     naive, fast = store.attempt(session["naive"]), store.attempt(session["fast"])
     assert naive.step_ratio == pytest.approx(naive.speedup)  # a root is measured against the naive baseline
     assert fast.step_ratio == pytest.approx(fast.speedup / naive.speedup)
-    assert fast.label == ("effective" if fast.step_ratio >= 1.05 else fast.label)
+    assert fast.label == label_for(True, True, fast.step_ratio)
+    assert naive.label == label_for(True, True, naive.step_ratio)
     children = store.successors(session["naive"])
     assert naive.downstream == pytest.approx(0.5 * naive.step_ratio + 0.35 * sum(c.downstream for c in children))
 

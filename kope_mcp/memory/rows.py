@@ -1,0 +1,73 @@
+"""How records map to Kùzu node properties: column types, JSON-encoded lists, and row -> record conversion.
+
+Pure Python (no Cypher, no kuzu import): store.py builds its DDL and queries from these columns.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord
+
+ATTEMPT_COLUMNS: dict[str, str] = {
+    "kernel_id": "STRING", "session_id": "STRING", "task_id": "STRING", "family": "STRING",
+    "hardware_key": "STRING", "backend": "STRING", "build_hash": "STRING", "source": "STRING",
+    "source_hash": "STRING", "flags": "STRING", "ok": "BOOLEAN", "uses_openmp": "BOOLEAN", "parent_id": "STRING",
+    "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING", "created_at": "STRING", "agent": "STRING",
+    "error_signature": "STRING", "diff_from_parent": "STRING", "diagnostics_digest": "STRING",
+    "tested": "BOOLEAN", "correct": "BOOLEAN",
+    "failure": "STRING", "failure_message": "STRING", "median_s": "DOUBLE", "speedup": "DOUBLE",
+    "speedup_ci_low": "DOUBLE", "speedup_vs_reference": "DOUBLE", "step_ratio": "DOUBLE", "label": "STRING",
+    "confidence": "DOUBLE", "downstream": "DOUBLE", "profile_warnings": "STRING", "search_text": "STRING",
+}
+LESSON_COLUMNS: dict[str, str] = {
+    "lesson_id": "STRING", "text": "STRING", "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING",
+    "rationale": "STRING", "task_id": "STRING", "family": "STRING", "hardware_key": "STRING",
+    "attempt_id": "STRING", "verified": "BOOLEAN", "label": "STRING", "step_ratio": "DOUBLE", "speedup": "DOUBLE",
+    "confidence": "DOUBLE", "agent": "STRING", "created_at": "STRING", "search_text": "STRING",
+}
+JSON_FIELDS = ("flags", "profile_warnings")
+
+
+def got_further(parent_ok: bool, child: AttemptRecord) -> bool:
+    """The child fixed the parent's failure: it compiled where the parent did not, or it passed its tests."""
+    return child.ok and (not parent_ok or bool(child.correct))
+
+
+def attempt_props(record: AttemptRecord) -> dict[str, Any]:
+    data = record.model_dump()
+    for name in JSON_FIELDS:
+        data[name] = json.dumps(data[name])
+    data["search_text"] = attempt_search_text(record)
+    return data
+
+
+def attempt_search_text(record: AttemptRecord) -> str:
+    parts: Iterable[str | None] = (record.task_id, record.family, record.strategy, record.opt_layer,
+                                   " ".join(record.flags), record.error_signature, record.failure,
+                                   record.failure_message[:300], record.label)
+    return " ".join(p for p in parts if p)
+
+
+def attempt_from_row(node: dict[str, Any]) -> AttemptRecord:
+    data = {k: v for k, v in node.items() if k in ATTEMPT_COLUMNS and k != "search_text"}
+    data.setdefault("source", "")  # summaries leave the source out
+    for name in JSON_FIELDS:
+        data[name] = json.loads(data.get(name) or "[]")
+    return AttemptRecord.model_validate(data)
+
+
+def lesson_from_row(node: dict[str, Any]) -> LessonRecord:
+    return LessonRecord.model_validate({k: v for k, v in node.items() if k in LESSON_COLUMNS and k != "search_text"})
+
+
+def session_from_row(node: dict[str, Any]) -> SessionRecord:
+    return SessionRecord(
+        session_id=node["session_id"], task_id=node["task_id"], hardware_key=node["hardware_key"],
+        agent=AgentInfo(name=node["agent_name"] or "unknown", version=node["agent_version"] or "",
+                        label=node["agent_label"]),
+        created_at=node["created_at"], incumbent_id=node["incumbent_id"],
+        incumbent_speedup=node["incumbent_speedup"],
+    )
