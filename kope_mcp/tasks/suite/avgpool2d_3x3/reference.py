@@ -1,0 +1,6 @@
+import numpy as np
+
+
+def reference(x, C, H, W):
+    xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1)))
+    return np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(1, 2)).sum(axis=(3, 4)) / 9.0

@@ -1,0 +1,9 @@
+#include <math.h>
+#include <stdint.h>
+
+void kernel(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 1.0f / (1.0f + expf(-v));
+    }
+}
