@@ -16,10 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the MCP server (stdio, for Claude Desktop and other clients)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     tasks = sub.add_parser("tasks", help="list the task suite, or show one task")
-    tasks.add_argument("action", nargs="?", choices=["show", "add"],
-                       help="'show ID' prints one task in full; 'add DIR' checks and installs a task folder")
-    tasks.add_argument("task_id", nargs="?", help="a task id (show) or a task folder (add)")
-    tasks.add_argument("--replace", action="store_true", help="with add: replace an installed task of that id")
+    tasks.add_argument("action", nargs="?", choices=["show", "add", "import-kernelbench"],
+                       help="'show ID' prints one task in full; 'add DIR' checks and installs a task folder; "
+                            "'import-kernelbench PATH...' turns KernelBench problem files (or folders) into tasks")
+    tasks.add_argument("task_id", nargs="*", help="a task id (show), a task folder (add), problem files (import)")
+    tasks.add_argument("--replace", action="store_true", help="replace an installed task of that id")
     tasks.add_argument("--family", help="only this family")
     sub.add_parser("doctor", help="what this machine offers: compilers, OpenMP, ISA, caches, sandbox")
     sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
@@ -32,7 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args.log_level)
     if args.command == "tasks":
-        return _tasks(args.action, args.task_id, args.family, args.replace)
+        if args.action == "import-kernelbench":
+            return _import_kernelbench(args.task_id, args.replace)
+        if len(args.task_id) > 1:
+            parser.error(f"tasks {args.action or ''}: one task id or folder, got {len(args.task_id)}")
+        return _tasks(args.action, args.task_id[0] if args.task_id else None, args.family, args.replace)
     if args.command == "doctor":
         return _doctor()
     return _demo()
@@ -90,6 +95,27 @@ def _tasks(action: str | None, task_id: str | None, family: str | None, replace:
     return 0
 
 
+def _import_kernelbench(paths: list[str], replace: bool) -> int:
+    from pathlib import Path
+
+    from kope_mcp.services.kernelbench_import import import_kernelbench
+    from kope_mcp.settings import KopeSettings
+
+    if not paths:
+        print("usage: kope tasks import-kernelbench PATH... [--replace]  (problem files or folders of them)",
+              file=sys.stderr)
+        return 2
+    report = import_kernelbench(KopeSettings.from_env(), [Path(p) for p in paths], replace)
+    for done in report.imported:
+        print(f"{'replaced' if done.replaced else 'imported'} {done.task_id} from {done.source}: scaled "
+              f"{done.scale}, {done.cases} cases, tolerance {done.tolerance:g}\n    {done.prototype}")
+    for skipped in report.skipped:
+        print(f"skipped {skipped.source}: {skipped.reason}", file=sys.stderr)
+    print(f"{len(report.imported)} imported, {len(report.skipped)} skipped"
+          + (" (restart running servers to see them)" if report.imported else ""))
+    return 0 if report.imported or not report.skipped else 1
+
+
 def _print_task(task: Any) -> None:
     spec = task.spec
     print(f"# {spec.id} ({spec.family}, level {spec.level})\n\n{spec.description.strip()}\n")
@@ -100,8 +126,11 @@ def _print_task(task: Any) -> None:
     print(f"FLOPs: {spec.flops}   bytes: {spec.bytes}\n")
     print("Rules:\n" + "\n".join(textwrap.fill(r, 100, initial_indent="  - ", subsequent_indent="    ")
                                   for r in spec.all_rules()))
-    print(f"\nReference (numpy):\n{textwrap.indent(task.reference_source, '    ')}")
-    print(f"Baseline (C):\n{textwrap.indent(task.baseline_source, '    ')}")
+    print(f"\nReference (Python):\n{textwrap.indent(task.reference_source, '    ')}")
+    if task.baseline_source is None:
+        print("Baseline: none (speedups are measured against the reference)")
+    else:
+        print(f"Baseline (C):\n{textwrap.indent(task.baseline_source, '    ')}")
 
 
 def _memory(action: str, target: str | None) -> int:

@@ -177,6 +177,9 @@ def run_profile(job: dict[str, Any], work: Path, progress: Progress) -> dict[str
     if job.get("task_folder"):
         reference = _load_reference(job["task_folder"])
         impls["reference"] = lambda: reference(**case.reference_kwargs())
+        # One call while the interpreter can still read everything: a reference that imports lazily (torch for
+        # erf, a KernelBench model) cannot load those modules once we are `nobody` and the stdlib is unreadable.
+        impls["reference"]()
     cpu = job.get("pin_cpu")
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})

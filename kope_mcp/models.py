@@ -57,8 +57,9 @@ class TaskDetail(BaseModel):
     tolerance: list[ToleranceInfo]
     flops: str = Field(description="FLOP count per call as an expression over the sizes.")
     bytes: str = Field(description="Minimum bytes moved per call, as an expression over the sizes.")
-    reference_source: str = Field(description="The numpy reference (ground truth) in Python.")
-    baseline_source: str = Field(description="The naive C baseline that speedups are measured against.")
+    reference_source: str = Field(description="The reference (ground truth) in Python.")
+    baseline_source: str | None = Field(description="The naive C baseline that speedups are measured against; null "
+                                        "when the task has none and speedups are measured against the reference.")
     rules: list[str]
     backends: list[str]
     default_flags: list[str] = Field(description="Flags always passed; yours are appended (a later -O wins).")
@@ -139,6 +140,8 @@ class ProfileReport(BaseModel):
     case: CaseInfo
     kernel: TimingStats
     baseline: TimingStats
+    baseline_is_reference: bool = Field(False, description="True for tasks without a C baseline (KernelBench "
+                                        "imports): the baseline timed is the reference (PyTorch) itself.")
     reference: TimingStats | None
     speedup_vs_baseline: float = Field(description="Median of per-round ratios baseline/kernel (interleaved).")
     speedup_vs_baseline_ci95: tuple[float, float]

@@ -6,12 +6,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel
+import numpy as np
+from pydantic import BaseModel, Field
 
 from kope_mcp.errors import InvalidTaskError
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.settings import KopeSettings
-from kope_mcp.tasks.loader import load_task
+from kope_mcp.tasks.loader import Task, load_task
 from kope_mcp.tasks.registry import SUITE_DIR, USER_TASKS_DIR, TaskRegistry
 
 
@@ -20,7 +21,7 @@ class AddedTask(BaseModel):
     prototype: str
     installed_at: str
     replaced: bool
-    baseline_cases_passed: int
+    baseline_cases_passed: int = Field(description="0 for a task without a C baseline (its reference was checked).")
 
 
 def add_task(settings: KopeSettings, folder: Path, replace: bool = False) -> AddedTask:
@@ -29,28 +30,53 @@ def add_task(settings: KopeSettings, folder: Path, replace: bool = False) -> Add
     Raises InvalidTaskError naming the file and field (or the failing case) when anything is wrong.
     """
     task = load_task(folder.resolve())
-    if (SUITE_DIR / task.id).is_dir():
-        raise InvalidTaskError(f"{folder / 'task.toml'}: field id: {task.id!r} is a packaged task; choose another id")
-    target = settings.home / USER_TASKS_DIR / task.id
-    if target.exists() and not replace:
-        raise InvalidTaskError(f"a task {task.id!r} is already installed at {target}; pass --replace to update it")
-    # Check the baseline against the reference through the real workbench, in a scratch home (the real one's
-    # database may be held by a running server, and a check is not experience worth remembering).
-    with tempfile.TemporaryDirectory(prefix="kope-task-check-") as scratch:
-        probe = Workbench(settings.model_copy(update={"home": Path(scratch), "embeddings": False}),
-                          TaskRegistry([folder.resolve()]))
-        compiled = probe.compile_kernel(task.id, task.baseline_source, strategy="baseline check")
-        report = probe.run_tests(compiled.kernel_id) if compiled.ok else None
-        probe.store.close()
-    if report is None:
-        raise InvalidTaskError(f"{folder / 'baseline.c'}: does not compile: {compiled.log[-800:]}")
-    if not report.passed:
-        raise InvalidTaskError(f"{folder / 'baseline.c'}: fails the task's own cases ({report.failure}): "
-                               f"{report.message}")
+    target = install_target(settings, task.id, folder / "task.toml", replace)
+    passed = check_task(settings, task)
     replaced = target.exists()
     if replaced:
         shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(folder, target, ignore=shutil.ignore_patterns("__pycache__"))
     return AddedTask(task_id=task.id, prototype=task.spec.prototype, installed_at=str(target), replaced=replaced,
-                     baseline_cases_passed=len(report.cases))
+                     baseline_cases_passed=passed)
+
+
+def install_target(settings: KopeSettings, task_id: str, where: Path, replace: bool) -> Path:
+    """Where a user task goes; refuses a packaged id, and an installed one unless replacing."""
+    if (SUITE_DIR / task_id).is_dir():
+        raise InvalidTaskError(f"{where}: field id: {task_id!r} is a packaged task; choose another id")
+    target = settings.home / USER_TASKS_DIR / task_id
+    if target.exists() and not replace:
+        raise InvalidTaskError(f"a task {task_id!r} is already installed at {target}; pass --replace to update it")
+    return target
+
+
+def check_task(settings: KopeSettings, task: Task) -> int:
+    """Run the task end to end before anyone relies on it; returns how many cases its baseline passed.
+
+    With a C baseline: compile it and run it on every case through the real workbench. Without one: run the
+    reference on every case twice and require identical results (a reference that is not deterministic per
+    seed makes every verdict on a kernel meaningless).
+    """
+    if task.baseline_source is None:
+        for case in task.spec.cases:
+            inputs = task.make_inputs(case.sizes, task.case_seed(case))
+            first, again = task.run_reference(inputs, case.sizes), task.run_reference(inputs, case.sizes)
+            if any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(first, again, strict=True)):
+                raise InvalidTaskError(f"{task.folder / 'reference.py'}: case {case.name!r}: two runs on the same "
+                                       "inputs differ; the reference must be deterministic")
+        return 0
+    # Through the real workbench, in a scratch home (the real one's database may be held by a running server,
+    # and a check is not experience worth remembering).
+    with tempfile.TemporaryDirectory(prefix="kope-task-check-") as scratch:
+        probe = Workbench(settings.model_copy(update={"home": Path(scratch), "embeddings": False}),
+                          TaskRegistry([task.folder]))
+        compiled = probe.compile_kernel(task.id, task.baseline_source, strategy="baseline check")
+        report = probe.run_tests(compiled.kernel_id) if compiled.ok else None
+        probe.store.close()
+    if report is None:
+        raise InvalidTaskError(f"{task.folder / 'baseline.c'}: does not compile: {compiled.log[-800:]}")
+    if not report.passed:
+        raise InvalidTaskError(f"{task.folder / 'baseline.c'}: fails the task's own cases ({report.failure}): "
+                               f"{report.message}")
+    return len(report.cases)

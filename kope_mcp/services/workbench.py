@@ -204,7 +204,7 @@ class Workbench:
         progress(3, 3, "passed" if passed else f"failed: {failure}")
         return report
 
-    def _deterministic_costs(self, task: Task, candidate: Path, baseline: Path,
+    def _deterministic_costs(self, task: Task, candidate: Path, baseline: Path | None,
                              case: PreparedCase) -> CostCounts | str:
         if not valgrind_available():
             raise DeterministicUnavailableError(
@@ -213,7 +213,8 @@ class Workbench:
         kernel = count_kernel(task, candidate, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S)
         if isinstance(kernel, str):
             return kernel
-        base = count_kernel(task, baseline, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S)
+        base = count_kernel(task, baseline, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S) \
+            if baseline is not None else "no C baseline"
         return CostCounts(
             tool="valgrind callgrind (--toggle-collect=kernel --cache-sim=yes)",
             instructions=kernel.instructions, data_reads=kernel.data_reads, data_writes=kernel.data_writes,
@@ -239,9 +240,14 @@ class Workbench:
         task = self.tasks.get(record.task_id)
         backend = self.backends[record.backend]
         candidate = backend.artifact(record.build_hash)
-        baseline = backend.compile_baseline(task)
-        if baseline.artifact is None:
-            raise RuntimeError(f"the baseline of task {task.id} does not compile: {baseline.log}")
+        libraries = {"candidate": candidate}
+        if task.baseline_source is not None:
+            baseline = backend.compile_baseline(task)
+            if baseline.artifact is None:
+                raise RuntimeError(f"the baseline of task {task.id} does not compile: {baseline.log}")
+            libraries["baseline"] = baseline.artifact
+        # Without a C baseline (a KernelBench import) the reference is the baseline, as KernelBench measures it.
+        base_key = "baseline" if "baseline" in libraries else "reference"
         sizes = task.spec.profile.sizes
         case = PreparedCase(task.spec.profile.name, sizes, task.make_inputs(sizes, task.case_seed(task.spec.profile)))
         hardware = detect_hardware()
@@ -254,31 +260,33 @@ class Workbench:
             cap = self.settings.profile_time_cap_s
             progress(1, 2, f"measuring kernel, baseline and reference interleaved (~{cap:g} s)")
             outcome = self.runner.profile(
-                task, {"candidate": candidate, "baseline": baseline.artifact}, case,
+                task, libraries, case,
                 time_cap_s=self.settings.profile_time_cap_s, with_reference=True, openmp=record.uses_openmp,
                 pin_cpu=pin, wall_s=self.settings.profile_time_cap_s * 4 + 60,
             )
-            costs = self._deterministic_costs(task, candidate, baseline.artifact, case) if deterministic else None
+            costs = self._deterministic_costs(task, candidate, libraries.get("baseline"), case) \
+                if deterministic else None
         if outcome.status != "ok":
             raise FailedTestsError(f"kernel {kernel_id} failed at the profiling size {sizes}: {outcome.message}. "
                                    "It passed the small test cases; check indexing for large sizes")
         samples, inner = outcome.result["samples"], outcome.result["inner"]
         kernel_stats = summarize(samples["candidate"], inner["candidate"])
-        base_stats = summarize(samples["baseline"], inner["baseline"])
+        base_stats = summarize(samples[base_key], inner[base_key])
         ref_stats = summarize(samples["reference"], inner["reference"]) if "reference" in samples else None
-        speedup, speedup_ci = paired_speedup(samples["baseline"], samples["candidate"])
+        speedup, speedup_ci = paired_speedup(samples[base_key], samples["candidate"])
         speedup_ref = paired_speedup(samples["reference"], samples["candidate"])[0] if ref_stats else None
         flops, nbytes = task.spec.flop_count(sizes), task.spec.byte_count(sizes)
         median = kernel_stats.median_s
         warnings = _profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
-                                     nbytes, median, threads, hardware)
+                                     nbytes, median, threads, hardware, naive_baseline=base_key == "baseline")
         if isinstance(costs, str):
             warnings.append(f"no deterministic counts: {costs}")
         if wait > 0.05:
             warnings.append(f"waited {wait:.1f} s for another profile to finish (profiles never overlap)")
         report = ProfileReport(
             kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=case.name, sizes=sizes),
-            kernel=kernel_stats, baseline=base_stats, reference=ref_stats,
+            kernel=kernel_stats, baseline=base_stats, baseline_is_reference=base_key == "reference",
+            reference=ref_stats,
             speedup_vs_baseline=speedup, speedup_vs_baseline_ci95=speedup_ci, speedup_vs_reference=speedup_ref,
             gflops=flops / median / 1e9 if flops else None, gbytes_per_s=nbytes / median / 1e9 if nbytes else None,
             threads=threads, pinned_cpu=pin, rounds=outcome.result["rounds"],
@@ -337,12 +345,13 @@ def _test_message(passed: bool, failure: FailureKind | None, cases: list[CaseRes
 
 
 def _profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speedup_ci: tuple[float, float],
-                      nbytes: int, median: float, threads: int, hardware: HardwareProfile) -> list[str]:
+                      nbytes: int, median: float, threads: int, hardware: HardwareProfile,
+                      naive_baseline: bool = True) -> list[str]:
     warnings = []
     if max(kernel_riqr, base_riqr) > NOISY_RELATIVE_IQR:
         warnings.append(f"noisy measurement: relative IQR {kernel_riqr:.1%} (kernel) / {base_riqr:.1%} (baseline); "
                         "another process may be busy, profile again before trusting small differences")
-    if speedup > IMPLAUSIBLE_SPEEDUP:
+    if speedup > IMPLAUSIBLE_SPEEDUP and naive_baseline:
         warnings.append(f"implausible speedup {speedup:.1f}x over the naive baseline: make sure the kernel does the "
                         "whole computation at the profiling size (tests only cover small sizes)")
     if speedup_ci[0] < 1.0 < speedup_ci[1]:

@@ -1,4 +1,4 @@
-"""Load one task folder (task.toml, reference.py, baseline.c) into a runnable ``Task``."""
+"""Load one task folder (task.toml, reference.py, optionally baseline.c) into a runnable ``Task``."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Task:
     spec: TaskSpec
     folder: Path
     reference_source: str
-    baseline_source: str
+    baseline_source: str | None  # None: speedups are measured against the reference itself
     reference_fn: Callable[..., Any]
     generate_fn: Callable[..., dict[str, np.ndarray]] | None
 
@@ -126,10 +126,10 @@ def _describe_validation(error: ValidationError) -> str:
 
 def load_task(folder: Path) -> Task:
     """Load and validate one task folder; raises InvalidTaskError naming the file and field at fault."""
-    for name in (TASK_FILE, REFERENCE_FILE, BASELINE_FILE):
+    for name in (TASK_FILE, REFERENCE_FILE):
         if not (folder / name).is_file():
             raise InvalidTaskError(f"{folder}: missing {name} (a task folder holds {TASK_FILE}, "
-                                   f"{REFERENCE_FILE} and {BASELINE_FILE})")
+                                   f"{REFERENCE_FILE} and optionally {BASELINE_FILE})")
     toml_path = folder / TASK_FILE
     try:
         raw = tomllib.loads(toml_path.read_text(encoding="utf-8"))
@@ -157,7 +157,8 @@ def load_task(folder: Path) -> Task:
         spec=spec,
         folder=folder,
         reference_source=(folder / REFERENCE_FILE).read_text(encoding="utf-8"),
-        baseline_source=(folder / BASELINE_FILE).read_text(encoding="utf-8"),
+        baseline_source=(folder / BASELINE_FILE).read_text(encoding="utf-8") if (folder / BASELINE_FILE).is_file()
+        else None,
         reference_fn=reference_fn,
         generate_fn=generate_fn if callable(generate_fn) else None,
     )

@@ -6,7 +6,8 @@ A task is a folder with three files:
   correctness cases, a profiling case, tolerances, FLOP and byte counts;
 - ``reference.py``: ``reference(**args)`` in numpy returns the outputs; optional ``generate(rng, **sizes)``
   returns custom inputs;
-- ``baseline.c``: a naive, correct C kernel that speedups are measured against.
+- ``baseline.c`` (optional): a naive, correct C kernel that speedups are measured against; without one (a
+  KernelBench import), speedups are measured against the reference itself, as KernelBench measures against PyTorch.
 """
 
 from __future__ import annotations

@@ -1,0 +1,221 @@
+"""A KernelBench-format problem (a PyTorch ``Model``, ``get_inputs()``, ``get_init_inputs()``) as a task reference.
+
+The problem file is kept verbatim next to the task (``problem.py``). Its module-level integers (``M = 4096``,
+``batch_size = 16``, ``kernel_size = 3``) are the sizes: setting them and calling ``get_inputs()`` and
+``get_init_inputs()`` again gives the problem at another size. The model's floating-point parameters and
+buffers become extra inputs of the C kernel, so a kernel sees exactly the weights the reference used.
+
+torch is imported lazily: loading the task catalogue must not pay for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+PROBLEM_FILE = "problem.py"
+_DTYPES = {"torch.float32": "float32", "torch.int64": "int64"}
+
+
+class ProblemError(ValueError):
+    """The problem cannot be expressed as a C task (the message says why)."""
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """One array argument of the kernel: a forward input, a model parameter/buffer, or the output."""
+
+    name: str
+    role: str  # "input" | "param" | "output"
+    shape: tuple[int, ...]
+    dtype: str
+    key: str = ""  # the state_dict key of a parameter
+
+
+@dataclass(frozen=True)
+class ProblemTrace:
+    inputs: list[TensorSlot]
+    params: list[TensorSlot]
+    output: TensorSlot
+
+    @property
+    def slots(self) -> list[TensorSlot]:
+        return [*self.inputs, *self.params, self.output]
+
+    def elements(self) -> int:
+        return sum(int(np.prod(s.shape)) for s in self.slots)
+
+
+def c_identifier(text: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", text).strip("_") or "t"
+    return name if not name[0].isdigit() else f"t_{name}"
+
+
+class KernelBenchProblem:
+    """Loads one problem file once; every call that sets sizes holds a lock (the sizes are module globals)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.source = path.read_text(encoding="utf-8")
+        self._module: ModuleType | None = None
+        self._lock = threading.RLock()
+
+    # --- loading ---------------------------------------------------------------------------------------
+    def module(self) -> ModuleType:
+        if self._module is None:
+            import torch  # noqa: F401  (the problem file imports it too; fail here with a clear error if absent)
+
+            digest = hashlib.sha256(self.source.encode()).hexdigest()[:12]
+            module = ModuleType(f"kope_kernelbench_{digest}")
+            module.__file__ = str(self.path)
+            try:
+                exec(compile(self.source, str(self.path), "exec"), module.__dict__)
+            except Exception as exc:  # a problem file may raise anything at import; report it, do not crash
+                raise ProblemError(f"importing it raised {type(exc).__name__}: {str(exc)[:200]}") from None
+            for name in ("Model", "get_inputs", "get_init_inputs"):
+                if not callable(getattr(module, name, None)):
+                    raise ProblemError(f"defines no {name}: a KernelBench problem has Model, get_inputs and "
+                                       "get_init_inputs")
+            self._module = module
+        return self._module
+
+    def integer_globals(self) -> dict[str, int]:
+        """Module-level integers, in definition order: the candidate sizes."""
+        return {k: v for k, v in vars(self.module()).items()
+                if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("_")}
+
+    def _set_sizes(self, sizes: Mapping[str, int]) -> None:
+        module = self.module()
+        for name, value in sizes.items():
+            if name in vars(module):
+                setattr(module, name, int(value))
+
+    def _build(self, sizes: Mapping[str, int], seed: int) -> tuple[Any, list[Any]]:
+        import torch
+
+        module = self.module()
+        self._set_sizes(sizes)
+        torch.manual_seed(seed)
+        model = module.Model(*module.get_init_inputs())
+        return model, list(module.get_inputs())
+
+    # --- shapes ----------------------------------------------------------------------------------------
+    def trace(self, sizes: Mapping[str, int]) -> ProblemTrace:
+        """The kernel's arrays at these sizes, from a run on torch's meta device (no memory, no arithmetic)."""
+        import torch
+
+        with self._lock, torch.device("meta"):
+            try:
+                model, inputs = self._build(sizes, 0)
+                with torch.no_grad():
+                    result = model(*inputs)
+            except ProblemError:
+                raise
+            except Exception as exc:  # the problem's own code on these sizes: any failure means "not these sizes"
+                raise ProblemError(f"running the model at sizes {dict(sizes)} failed: {type(exc).__name__}: "
+                                   f"{str(exc)[:200]}") from None
+        names = _forward_names(model.forward, len(inputs))
+        input_slots = []
+        for name, value in zip(names, inputs, strict=True):
+            if not isinstance(value, torch.Tensor):
+                raise ProblemError(f"input {name!r} is a {type(value).__name__}, not a tensor: only tensor inputs "
+                                   "become kernel arguments")
+            if value.dtype != torch.float32:
+                raise ProblemError(f"input {name!r} is {value.dtype}: only float32 inputs can be expressed")
+            input_slots.append(TensorSlot(name, "input", tuple(value.shape), "float32"))
+        taken = {s.name for s in input_slots}
+        params = []
+        for key, value in model.state_dict().items():
+            if not value.is_floating_point():
+                continue  # integer buffers (BatchNorm's num_batches_tracked) stay inside the model
+            if value.dtype != torch.float32:
+                raise ProblemError(f"parameter {key!r} is {value.dtype}: only float32 parameters can be expressed")
+            name = _unique(c_identifier(key), taken)
+            params.append(TensorSlot(name, "param", tuple(value.shape), "float32", key=key))
+        if isinstance(result, tuple | list):
+            raise ProblemError(f"forward returns {len(result)} values: only a single output tensor can be expressed")
+        if not isinstance(result, torch.Tensor):
+            raise ProblemError(f"forward returns a {type(result).__name__}, not a tensor")
+        dtype = _DTYPES.get(str(result.dtype))
+        if dtype is None:
+            raise ProblemError(f"the output is {result.dtype}: only float32 and int64 outputs can be expressed")
+        shape = tuple(result.shape) or (1,)
+        return ProblemTrace(input_slots, params, TensorSlot(_unique("out", taken), "output", shape, dtype))
+
+    # --- data ------------------------------------------------------------------------------------------
+    def generate(self, rng: np.random.Generator, sizes: Mapping[str, int],
+                 trace: ProblemTrace) -> dict[str, np.ndarray]:
+        """Inputs from the problem's own get_inputs() and parameters from its own initialisation, seeded by rng."""
+        with self._lock:
+            model, inputs = self._build(sizes, int(rng.integers(0, 2**62)))
+            state = model.state_dict()
+            arrays = {s.name: v.detach().numpy() for s, v in zip(trace.inputs, inputs, strict=True)}
+            arrays.update({s.name: state[s.key].detach().numpy() for s in trace.params})
+        return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}
+
+    def run(self, arrays: Mapping[str, np.ndarray], sizes: Mapping[str, int], trace: ProblemTrace,
+            float64: bool = True) -> np.ndarray:
+        """The model's output on these inputs and parameters (in float64 unless asked for float32)."""
+        import torch
+
+        with self._lock:
+            model, _ = self._build(sizes, 0)
+        dtype = torch.float64 if float64 else torch.float32
+        model = model.to(dtype)
+        with torch.no_grad():
+            state = model.state_dict()
+            for slot in trace.params:
+                state[slot.key].copy_(torch.from_numpy(np.asarray(arrays[slot.name])))
+            result = model(*(torch.from_numpy(np.asarray(arrays[s.name])).to(dtype) for s in trace.inputs))
+        return result.detach().cpu().numpy().reshape(trace.output.shape)
+
+
+def _forward_names(forward: Callable[..., Any], count: int) -> list[str]:
+    params = [p for p in inspect.signature(forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [c_identifier(p.name) for p in params[:count]]
+    if len(names) < count or len(set(names)) < count:
+        names = [f"x{i}" for i in range(count)]
+    return names
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name}_{n}", n + 1
+    taken.add(candidate)
+    return candidate
+
+
+class ImportedTaskRuntime:
+    """What an imported task's reference.py delegates to: maps the kernel's size arguments to the problem."""
+
+    def __init__(self, folder: Path, problem_sizes: Sequence[str]) -> None:
+        self.problem = KernelBenchProblem(folder / PROBLEM_FILE)
+        self.problem_sizes = tuple(problem_sizes)  # the size arguments that are the problem's own globals
+        self._traces: dict[tuple[int, ...], ProblemTrace] = {}
+
+    def _problem_sizes(self, sizes: Mapping[str, int]) -> dict[str, int]:
+        return {k: int(sizes[k]) for k in self.problem_sizes}
+
+    def _trace(self, sizes: Mapping[str, int]) -> ProblemTrace:
+        # Every other size argument is derived from the problem's own (an output extent, a weight extent).
+        key = tuple(int(sizes[k]) for k in self.problem_sizes)
+        if key not in self._traces:
+            self._traces[key] = self.problem.trace(self._problem_sizes(sizes))
+        return self._traces[key]
+
+    def generate(self, rng: np.random.Generator, sizes: Mapping[str, int]) -> dict[str, np.ndarray]:
+        return self.problem.generate(rng, self._problem_sizes(sizes), self._trace(sizes))
+
+    def reference(self, arrays: Mapping[str, np.ndarray], sizes: Mapping[str, int]) -> np.ndarray:
+        return self.problem.run(arrays, self._problem_sizes(sizes), self._trace(sizes))
