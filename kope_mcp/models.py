@@ -11,15 +11,9 @@ from kope_mcp.hardware import HardwareProfile
 FailureKind = Literal["not_compiled", "crash", "timeout", "mismatch", "nan", "input_modified", "wrong_shape"]
 
 
-class TaskSummary(BaseModel):
-    id: str
-    family: str
-    level: int = Field(description="1 (plain element-wise) to 4 (fused multi-stage).")
-    summary: str
-
-
 class TaskList(BaseModel):
-    tasks: list[TaskSummary]
+    tasks: list[str] = Field(description="One line per task: '<id> (<family>, L<level>): <summary>'; levels go "
+                             "from 1 (plain element-wise) to 4 (fused multi-stage).")
     count: int
     families: list[str] = Field(description="Every family name, for filtering.")
 

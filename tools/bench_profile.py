@@ -40,7 +40,7 @@ async def main(args: argparse.Namespace) -> int:
     params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "WARNING"],
                                    env=env)
     async with Client(params) as client:
-        task_ids = args.tasks or [t["id"] for t in (await _call(client, "list_tasks"))["tasks"]]
+        task_ids = args.tasks or [line.split(" ", 1)[0] for line in (await _call(client, "list_tasks"))["tasks"]]
         print(f"{'task':<12} {'baseline ms':>12} {'kernel ms (per run)':<48} {'kernel median spread':<44} "
               f"{'speedup spread':<40} {'rel IQR'}")
         for task_id in task_ids:

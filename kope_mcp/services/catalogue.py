@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kope_mcp.backends.c import BASE_FLAGS
-from kope_mcp.models import ArgumentInfo, CaseInfo, TaskDetail, TaskList, TaskSummary, ToleranceInfo
+from kope_mcp.models import ArgumentInfo, CaseInfo, TaskDetail, TaskList, ToleranceInfo
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.tasks.registry import FAMILIES, TaskRegistry
 from kope_mcp.tasks.spec import C_TYPES
@@ -12,8 +12,8 @@ from kope_mcp.tasks.spec import C_TYPES
 def list_tasks(tasks: TaskRegistry, family: str | None = None, level: int | None = None) -> TaskList:
     found = tasks.list(family, level)
     return TaskList(
-        tasks=[TaskSummary(id=t.id, family=t.spec.family, level=t.spec.level, summary=t.spec.summary)
-               for t in found],
+        # One line each keeps the whole catalogue (53 packaged tasks) near 1,500 tokens for the calling model.
+        tasks=[f"{t.id} ({t.spec.family}, L{t.spec.level}): {t.spec.summary}" for t in found],
         count=len(found),
         families=list(FAMILIES),
     )

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from kope_mcp.errors import InvalidTaskError
 from kope_mcp.services.task_admin import check_task, install_target
 from kope_mcp.settings import KopeSettings
-from kope_mcp.tasks.kernelbench import PROBLEM_FILE, KernelBenchProblem, ProblemError, ProblemTrace, c_identifier
+from kope_mcp.tasks.kernelbench import PROBLEM_FILE, KernelBenchProblem, ProblemError, ProblemTrace
 from kope_mcp.tasks.loader import load_task
 
 SCALABLE_MIN = 16

@@ -23,7 +23,7 @@ def register(server: MCPServer[Any]) -> None:
         family: Annotated[str | None, Field(description="Only this family, e.g. 'matmul', 'reduction'.")] = None,
         level: Annotated[int | None, Field(ge=1, le=4, description="Only this difficulty level (1-4).")] = None,
     ) -> TaskList:
-        """List the kernel optimisation tasks: one line each (id, family, level, summary).
+        """List the kernel optimisation tasks: one line each, '<id> (<family>, L<level>): <summary>'.
 
         Next: call get_task(task_id) for the prototype, reference and rules of the one you will work on.
         """

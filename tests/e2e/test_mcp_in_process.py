@@ -8,6 +8,7 @@ import anyio
 import pytest
 from mcp import Client
 
+from kope_mcp.memory.selection import estimate_tokens
 from kope_mcp.server import build_server
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import VECTOR_ADD_OK, make_settings
@@ -96,7 +97,7 @@ def test_errors_reach_the_model_as_tool_errors_with_codes_and_the_server_keeps_s
             report = await call(client, "run_tests", kernel_id=crash["kernel_id"])
             assert report["failure"] == "crash"
             listing = await call(client, "list_tasks", family="matmul")
-            assert {t["id"] for t in listing["tasks"]} >= {"matmul", "gemv"}
+            assert {line.split(" ", 1)[0] for line in listing["tasks"]} >= {"matmul", "gemv"}
     run(body)
 
 
@@ -109,4 +110,19 @@ def test_a_session_links_attempts_and_reuses_builds(server):
             assert second["session_id"] == first["session_id"]
             assert second["parent_id"] == first["kernel_id"]
             assert second["cached"] and second["kernel_id"] != first["kernel_id"]
+    run(body)
+
+
+def test_the_whole_catalogue_reaches_the_model_in_under_2000_tokens_one_line_per_task(server):
+    async def body():
+        async with Client(server) as client:
+            result = await client.call_tool("list_tasks", {})
+            text = "".join(block.text for block in result.content if block.type == "text")
+            assert estimate_tokens(text) < 2000, estimate_tokens(text)
+            lines = result.structured_content["tasks"]
+            assert len(lines) == result.structured_content["count"] == len(TASK_IDS) >= 53
+            assert all("\n" not in line for line in lines)
+            assert "relu (activation, L1): " in "\n".join(lines)
+            level_4 = (await client.call_tool("list_tasks", {"level": 4})).structured_content["tasks"]
+            assert level_4 and all(", L4): " in line for line in level_4)
     run(body)

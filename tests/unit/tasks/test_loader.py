@@ -26,9 +26,15 @@ def test_a_copied_folder_loads_as_a_new_task(tmp_path):
 
 def test_missing_file_is_named(tmp_path):
     folder = copy_task(tmp_path, "relu", "my_relu")
-    (folder / "baseline.c").unlink()
-    with pytest.raises(InvalidTaskError, match=r"missing baseline\.c"):
+    (folder / "reference.py").unlink()
+    with pytest.raises(InvalidTaskError, match=r"missing reference\.py"):
         load_task(folder)
+
+
+def test_a_task_without_a_baseline_loads_and_is_measured_against_its_reference(tmp_path):
+    folder = copy_task(tmp_path, "relu", "my_relu")
+    (folder / "baseline.c").unlink()
+    assert load_task(folder).baseline_source is None
 
 
 def test_bad_field_names_file_and_field(tmp_path):

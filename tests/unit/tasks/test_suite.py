@@ -13,12 +13,11 @@ REQUIRED_PROTOTYPES = {
 TASK_IDS = sorted(t.id for t in TaskRegistry.default().list())
 
 
-def test_suite_loads_without_problems_and_covers_the_core_families(registry):
+def test_the_suite_has_53_tasks_in_every_family_and_level(registry):
     assert registry.problems == []
-    assert len(registry) >= 12
-    families = {t.spec.family for t in registry.list()}
-    assert {"elementwise", "reduction", "normalization", "matmul", "convolution", "scan", "data-movement"} <= families
-    assert families <= set(FAMILIES)
+    assert len(registry) == 53
+    assert {t.spec.family for t in registry.list()} == set(FAMILIES)
+    assert {t.spec.level for t in registry.list()} == {1, 2, 3, 4}
 
 
 @pytest.mark.parametrize("task_id", sorted(REQUIRED_PROTOTYPES))
@@ -29,9 +28,18 @@ def test_required_tasks_have_the_contract_prototypes(registry, task_id):
 @pytest.mark.parametrize("task_id", TASK_IDS)
 def test_task_has_awkward_cases_and_costs(registry, task_id):
     spec = registry.get(task_id).spec
-    assert len(spec.cases) >= 5
+    assert len(spec.cases) >= 8
+    assert len({c.name for c in spec.cases}) == len(spec.cases)
     all_sizes = [v for c in spec.cases for v in c.sizes.values()]
     assert any(v % 8 for v in all_sizes), "needs a size that is not a multiple of 8"
+    assert any(v in (1, 2, 3) for v in all_sizes), "needs a degenerate size (1-3)"
+    if len(spec.size_names) >= 2:
+        # Where shapes apply: for some pair of extents, a case where the first dwarfs the second (tall-skinny)
+        # and a case the other way round (short-wide).
+        pairs = [(a, b) for a in spec.size_names for b in spec.size_names if a < b]
+        assert any(max(c.sizes[a] / c.sizes[b] for c in spec.cases) >= 8
+                   and min(c.sizes[a] / c.sizes[b] for c in spec.cases) <= 1 / 8 for a, b in pairs), \
+            "needs a tall-skinny and a short-wide case"
     assert spec.byte_count(spec.profile.sizes) > 0
     assert spec.flop_count(spec.profile.sizes) >= 0
 
