@@ -88,9 +88,10 @@ def _tasks(action: str | None, task_id: str | None, family: str | None, replace:
     except KopeError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(f"{'id':<14} {'family':<14} {'lvl':<3} summary")
+    width = max([14, *(len(t.id) for t in found)])
+    print(f"{'id':<{width}} {'family':<14} {'lvl':<3} summary")
     for t in found:
-        print(f"{t.id:<14} {t.spec.family:<14} {t.spec.level:<3} {t.spec.summary}")
+        print(f"{t.id:<{width}} {t.spec.family:<14} {t.spec.level:<3} {t.spec.summary}")
     print(f"\n{len(found)} task(s). `kope tasks show ID` prints one in full.")
     return 0
 

@@ -145,6 +145,8 @@ class _Plan:
         yield "sixteenth_minus_one", each(lambda i, v: v // 16 - 1)
         yield "first_large_rest_small", each(lambda i, v: (v // 2) | 1 if i == 0 else 3)
         yield "last_large_rest_small", each(lambda i, v: (v // 2) | 1 if i == len(names) - 1 else 3)
+        yield "three_quarters_odd", each(lambda i, v: (v * 3 // 4) | 1)
+        yield "third_plus_two", each(lambda i, v: v // 3 + 2)
         yield "sixteenth", each(lambda i, v: v // 16)
         yield "thirty_second_plus_one", each(lambda i, v: v // 32 + 1)
 

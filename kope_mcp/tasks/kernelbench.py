@@ -10,6 +10,7 @@ torch is imported lazily: loading the task catalogue must not pay for it.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import re
@@ -17,7 +18,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 import numpy as np
@@ -60,59 +61,88 @@ def c_identifier(text: str) -> str:
     return name if not name[0].isdigit() else f"t_{name}"
 
 
+_OVERRIDES = "__kope_sizes__"
+
+
+def _with_size_overrides(source: str, path: Path) -> CodeType:
+    """Compile the problem so that every top-level assignment to a name is followed by
+    ``name = __kope_sizes__.get("name", name)``: values derived from a size further down the file
+    (``bias_shape = (out_channels, 1, 1)``) then follow the size, which setting the attribute afterwards would miss.
+    """
+    tree = ast.parse(source, filename=str(path))
+    body: list[ast.stmt] = []
+    for stmt in tree.body:
+        body.append(stmt)
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
+            stmt, ast.AnnAssign) else []
+        names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+        for name in names:
+            body.append(ast.parse(f"{name} = {_OVERRIDES}.get({name!r}, {name})").body[0])
+    tree.body = body
+    return compile(ast.fix_missing_locations(tree), str(path), "exec")
+
+
 class KernelBenchProblem:
-    """Loads one problem file once; every call that sets sizes holds a lock (the sizes are module globals)."""
+    """One problem file, executed once per set of sizes (a fresh module each, so nothing is shared between
+    threads but torch's global seed, which a lock guards)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.source = path.read_text(encoding="utf-8")
-        self._module: ModuleType | None = None
+        try:
+            self._code = _with_size_overrides(self.source, path)
+        except SyntaxError as exc:
+            raise ProblemError(f"not valid Python: {exc.msg} (line {exc.lineno})") from None
+        self._modules: dict[tuple[tuple[str, int], ...], ModuleType] = {}
         self._lock = threading.RLock()
 
     # --- loading ---------------------------------------------------------------------------------------
-    def module(self) -> ModuleType:
-        if self._module is None:
-            import torch  # noqa: F401  (the problem file imports it too; fail here with a clear error if absent)
+    def module(self, sizes: Mapping[str, int] | None = None) -> ModuleType:
+        key = tuple(sorted((k, int(v)) for k, v in (sizes or {}).items()))
+        with self._lock:
+            if key not in self._modules:
+                if len(self._modules) > 64:
+                    self._modules.clear()
+                self._modules[key] = self._execute(dict(key))
+            return self._modules[key]
 
-            digest = hashlib.sha256(self.source.encode()).hexdigest()[:12]
-            module = ModuleType(f"kope_kernelbench_{digest}")
-            module.__file__ = str(self.path)
-            try:
-                exec(compile(self.source, str(self.path), "exec"), module.__dict__)
-            except Exception as exc:  # a problem file may raise anything at import; report it, do not crash
-                raise ProblemError(f"importing it raised {type(exc).__name__}: {str(exc)[:200]}") from None
-            for name in ("Model", "get_inputs", "get_init_inputs"):
-                if not callable(getattr(module, name, None)):
-                    raise ProblemError(f"defines no {name}: a KernelBench problem has Model, get_inputs and "
-                                       "get_init_inputs")
-            self._module = module
-        return self._module
+    def _execute(self, sizes: dict[str, int]) -> ModuleType:
+        import torch  # noqa: F401  (the problem file imports it too; fail here with a clear error if absent)
+
+        digest = hashlib.sha256(self.source.encode()).hexdigest()[:12]
+        module = ModuleType(f"kope_kernelbench_{digest}")
+        module.__file__ = str(self.path)
+        module.__dict__[_OVERRIDES] = sizes
+        try:
+            exec(self._code, module.__dict__)
+        except Exception as exc:  # a problem file may raise anything at import; report it, do not crash
+            raise ProblemError(f"importing it raised {type(exc).__name__}: {str(exc)[:200]}") from None
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not callable(getattr(module, name, None)):
+                raise ProblemError(f"defines no {name}: a KernelBench problem has Model, get_inputs and "
+                                   "get_init_inputs")
+        return module
 
     def integer_globals(self) -> dict[str, int]:
-        """Module-level integers, in definition order: the candidate sizes."""
+        """Module-level integers as written, in definition order: the candidate sizes."""
         return {k: v for k, v in vars(self.module()).items()
                 if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("_")}
-
-    def _set_sizes(self, sizes: Mapping[str, int]) -> None:
-        module = self.module()
-        for name, value in sizes.items():
-            if name in vars(module):
-                setattr(module, name, int(value))
 
     def _build(self, sizes: Mapping[str, int], seed: int) -> tuple[Any, list[Any]]:
         import torch
 
-        module = self.module()
-        self._set_sizes(sizes)
-        torch.manual_seed(seed)
-        model = module.Model(*module.get_init_inputs())
-        return model, list(module.get_inputs())
+        module = self.module(sizes)
+        with self._lock:
+            torch.manual_seed(seed)
+            model = module.Model(*module.get_init_inputs())
+            return model, list(module.get_inputs())
 
     # --- shapes ----------------------------------------------------------------------------------------
     def trace(self, sizes: Mapping[str, int]) -> ProblemTrace:
         """The kernel's arrays at these sizes, from a run on torch's meta device (no memory, no arithmetic)."""
         import torch
 
+        self.module(sizes)  # executed outside the meta context: module-level tensors stay real
         with self._lock, torch.device("meta"):
             try:
                 model, inputs = self._build(sizes, 0)

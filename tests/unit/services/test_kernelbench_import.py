@@ -67,8 +67,8 @@ def imported(tmp_path_factory):
 def test_expressible_problems_are_imported_and_the_rest_skipped_with_the_reason(imported):
     _, report = imported
     assert sorted(t.task_id for t in report.imported) == [
-        "kb_19_relu", "kb_1_square_matrix_multiplication", "kb_47_sum_reduction_over_a_dimension",
-        "kb_51_argmax_over_a_dimension", "kb_67_conv_standard_1d"]
+        "kb_19_relu", "kb_1_conv2d_relu_biasadd", "kb_1_square_matrix_multiplication",
+        "kb_47_sum_reduction_over_a_dimension", "kb_51_argmax_over_a_dimension", "kb_67_conv_standard_1d"]
     reasons = {Path(s.source).name: s.reason for s in report.skipped}
     assert "only a single output tensor" in reasons["two_outputs.py"]
     assert "'targets' is torch.int64: only float32 inputs" in reasons["integer_targets.py"]
@@ -106,6 +106,17 @@ def test_sizes_are_scaled_by_a_power_of_two_within_the_budget(imported):
     # kernel_size (3) and in_channels (3) are below 16: constants in the shapes, not arguments.
     assert [a.shape for a in conv.args if a.name == "conv1d_weight"] == [["out_channels", 3, 3]]
     assert all(c.sizes["out_dim2"] == c.sizes["length"] - 2 for c in [*conv.cases, conv.profile])
+
+
+def test_values_computed_from_a_size_follow_it_and_constant_extents_are_literals(imported):
+    settings, _ = imported
+    spec = TaskRegistry([settings.home / "tasks"]).get("kb_1_conv2d_relu_biasadd").spec
+    shapes = {a.name: a.shape for a in spec.args}
+    # bias_shape = (out_channels, 1, 1) is computed from out_channels in the file: it scales with it.
+    assert shapes["bias"] == ["out_channels", 1, 1]
+    assert shapes["x"] == ["batch_size", 3, "height", "width"]
+    assert len({tuple(sorted(c.sizes.items())) for c in spec.cases}) >= 6
+    assert spec.level == 3 and spec.family == "convolution"
 
 
 def test_the_task_file_keeps_the_problem_source_for_the_model_to_read(imported):
