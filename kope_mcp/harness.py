@@ -150,7 +150,8 @@ def _load_reference(task_folder: str) -> Any:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.reference
+    # An optional benchmark() is what gets timed (a KernelBench import's float32 forward); reference() checks.
+    return getattr(module, "benchmark", module.reference)
 
 
 def _calibrate(call: Any, before: Any, target_s: float) -> tuple[int, float]:

@@ -18,7 +18,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -122,20 +122,29 @@ class _Plan:
                 reason = f"{trace.elements()} elements at 1/{2**shift}"
                 continue
             arrays = self.problem.generate(np.random.default_rng(0), sizes, trace)
-            start = time.perf_counter()
-            self.problem.run(arrays, sizes, trace)
-            elapsed = time.perf_counter() - start
+            elapsed = self._time_reference(arrays, sizes, trace)
             if elapsed <= REFERENCE_BUDGET_S:
                 return shift, sizes, trace, elapsed
             reason = f"the reference takes {elapsed:.2f} s at 1/{2**shift}"
         raise ProblemError(f"no scale of its sizes {self.scalable or '(none)'} fits: {reason or 'cannot scale'}")
 
+    def _time_reference(self, arrays: dict[str, np.ndarray], sizes: dict[str, int], trace: ProblemTrace) -> float:
+        best = math.inf
+        for _ in range(2):  # the first call also pays one-off costs (building the model, thread pools)
+            start = time.perf_counter()
+            self.problem.run(arrays, sizes, trace)
+            best = min(best, time.perf_counter() - start)
+            if best <= REFERENCE_BUDGET_S:
+                break
+        return best
+
     def _candidates(self) -> Iterator[tuple[str, dict[str, int]]]:
         b = {g: self.base[g] for g in self.scalable}
         names = list(b)
 
-        def each(f: object) -> dict[str, int]:
-            return {g: max(1, min(b[g], f(i, b[g]))) for i, g in enumerate(names)}  # type: ignore[operator]
+        def each(f: Callable[[int, int], int]) -> dict[str, int]:
+            # f(index of the size, its profiling value); never above the profiling value, never below 1
+            return {g: max(1, min(b[g], f(i, b[g]))) for i, g in enumerate(names)}
 
         yield "half", each(lambda i, v: v // 2)
         yield "quarter_odd", each(lambda i, v: (v // 4) | 1)
@@ -347,7 +356,11 @@ def _write_task(folder: Path, task_id: str, plan: _Plan, sizes_of_slot: dict[tup
         f"def generate({', '.join(['rng', *size_args])}):\n"
         f"    return _RUNTIME.generate(rng, {size_dict})\n\n\n"
         f"def reference({', '.join(non_outputs)}):\n"
-        f"    return _RUNTIME.reference({array_dict}, {size_dict})\n",
+        f"    return _RUNTIME.reference({array_dict}, {size_dict})\n\n\n"
+        "# What profile_kernel times as the reference (and, with no C baseline, as the baseline): the float32\n"
+        "# forward pass alone, as KernelBench times PyTorch.\n"
+        f"def benchmark({', '.join(non_outputs)}):\n"
+        f"    return _RUNTIME.benchmark({array_dict}, {size_dict})\n",
         encoding="utf-8",
     )
 

@@ -183,3 +183,18 @@ def test_the_cli_imports_reports_skips_and_refuses_to_overwrite_without_replace(
     assert "already installed" in capsys.readouterr().err
     assert main(["tasks", "import-kernelbench", str(MATMUL), "--replace"]) == 0
     assert "replaced kb_1_square_matrix_multiplication" in capsys.readouterr().out
+
+
+def test_profiling_times_the_float32_forward_pass_and_checking_uses_float64(imported):
+    from kope_mcp.harness import _load_reference
+
+    settings, _ = imported
+    task = TaskRegistry([settings.home / "tasks"]).get("kb_1_square_matrix_multiplication")
+    case = task.spec.cases[0]
+    inputs = task.make_inputs(case.sizes, 3)
+    (exact,) = task.run_reference(inputs, case.sizes)
+    timed = _load_reference(str(task.folder))
+    assert timed.__name__ == "benchmark"
+    fast = timed(**task.call_arguments(inputs, case.sizes))
+    assert fast.dtype == np.float32
+    np.testing.assert_allclose(fast, exact, rtol=1e-4, atol=1e-4)
