@@ -32,6 +32,7 @@ CANDIDATES_PER_SOURCE = 60  # per graph filter; the best by downstream score com
 MAX_FIX_LOOKUPS = 40
 STRATEGY_MATCH_ATTEMPTS = 10  # attempts taken per strategy whose name matches the query
 SECTION_HEADER_RESERVE = 60  # tokens kept free for the markdown headers when adding diffs
+PREFERRED_AGENT_BOOST = 1.5  # enough to reorder near-equals, not to outrank much stronger evidence
 Kind = Literal["case", "fix", "pitfall", "lesson"]
 
 
@@ -126,7 +127,8 @@ class ExperienceService:
     # --- query ---------------------------------------------------------------------------------------------
     def query_experience(
         self, query: str, task_id: str | None = None, session_id: str | None = None, phase: Phase | None = None,
-        hardware: str | None = None, token_budget: int = 2000,
+        hardware: str | None = None, token_budget: int = 2000, agent: str | None = None,
+        agent_mode: Literal["prefer", "only"] = "prefer",
     ) -> QueryResult:
         warnings: list[str] = []
         if len(query) > MAX_QUERY_CHARS:
@@ -137,12 +139,22 @@ class ExperienceService:
         hot = self._hot_items(state)
         scored: dict[str, tuple[Scored, Candidate, str]] = {}
         dropped: dict[str, int] = {}
+        wanted = agent.strip().lower() if agent and agent.strip() else None
         for cand in candidates.values():
+            by = _agent_of(cand)
+            if wanted and agent_mode == "only" and wanted not in by.lower():
+                dropped["other_agent"] = dropped.get("other_agent", 0) + 1
+                continue
             tier_score = self._score(cand, state)
             if tier_score is None:
                 dropped["no_measured_value"] = dropped.get("no_measured_value", 0) + 1
                 continue
             tier, score = tier_score
+            if by:
+                cand.reasons.append(f"by {by}")
+            if wanted and agent_mode == "prefer" and wanted in by.lower():
+                score = round(score * PREFERRED_AGENT_BOOST, 4)
+                cand.reasons.append("preferred agent")
             text = render_item(cand, state.task_id)
             scored[cand.item_id] = (Scored(cand.item_id, score, text, estimate_tokens(text), word_set(text)),
                                     cand, tier)
@@ -366,3 +378,10 @@ def _truncate_hot(hot: list[tuple[str, str, str]], budget: int) -> list[tuple[st
         out.append((kind, item_id, text))
         left -= estimate_tokens(text)
     return out
+
+
+def _agent_of(cand: Candidate) -> str:
+    """Who produced an item: the client name, version and label recorded with it ('' when unknown)."""
+    if cand.attempt is not None:
+        return cand.attempt.agent
+    return cand.lesson.agent if cand.lesson is not None else ""

@@ -44,13 +44,19 @@ class LiveState:
         return self.state
 
 
-def agent_info(ctx: Context[Any, Any]) -> AgentInfo:
-    """The MCP client that is calling, from its clientInfo (initialize handshake or discover)."""
+def agent_info(ctx: Context[Any, Any], label: str | None = None) -> AgentInfo:
+    """The MCP client that is calling, from its clientInfo (initialize handshake or discover), plus the agent
+    label the caller chose (which model or role: clients with one name can run several)."""
     params = getattr(ctx.session, "client_params", None)
     info = getattr(params, "client_info", None)
+    label = label.strip()[:80] if label and label.strip() else None
     if info is None:
-        return AgentInfo()
-    return AgentInfo(name=info.name or "unknown", version=info.version or "")
+        return AgentInfo(label=label)
+    return AgentInfo(name=info.name or "unknown", version=info.version or "", label=label)
+
+
+AGENT_LABEL_DOC = ("Who is working, beyond the client's name: the model or role, e.g. 'opus-4 planner'. Recorded "
+                   "with the session and lessons so other agents can see whose experience they read.")
 
 
 def app_state(ctx: Context[Any, Any]) -> AppState:

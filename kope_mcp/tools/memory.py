@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -12,7 +12,7 @@ from pydantic import Field
 
 from kope_mcp.models import Phase, QueryResult, RecordResult
 from kope_mcp.services.memory_admin import memory_stats
-from kope_mcp.tools._context import APPENDS, LiveState, agent_info, app_state, call_service
+from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, LiveState, agent_info, app_state, call_service
 
 
 def register(server: MCPServer[Any], live: LiveState) -> None:
@@ -34,6 +34,7 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
             description="Where the change acts: algorithm, memory, parallelism, vectorisation, compiler...")] = None,
         rationale: Annotated[str | None, Field(description="Why you expected it to help.")] = None,
         hardware: Annotated[str | None, Field(description="Hardware key this knowledge applies to.")] = None,
+        agent: Annotated[str | None, Field(description=AGENT_LABEL_DOC)] = None,
     ) -> RecordResult:
         """Record the why behind a step: strategy, rationale and the lesson. Outcomes of compile/test/profile are
         already recorded automatically; this adds the explanation future attempts (yours or another agent's) need.
@@ -41,7 +42,7 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         unverified and ranks below measured evidence. Next: query_experience before your next attempt.
         """
         return await call_service(ctx, app_state(ctx).experience.record_experience, strategy, lesson, kernel_id,
-                                  session_id, task_id, opt_layer, rationale, hardware, agent_info(ctx))
+                                  session_id, task_id, opt_layer, rationale, hardware, agent_info(ctx, agent))
 
     @server.tool(
         name="query_experience",
@@ -59,15 +60,22 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         ] = None,
         hardware: Annotated[str | None, Field(description="Hardware key; default: this server's machine.")] = None,
         token_budget: Annotated[int, Field(ge=1, le=100_000, description="Most tokens of context to return.")] = 2000,
+        agent: Annotated[str | None, Field(
+            description="An agent (client name or label, matched as a case-insensitive substring) whose "
+                        "experience to prefer or keep; default: everyone's, ranked only by evidence.")] = None,
+        agent_mode: Annotated[Literal["prefer", "only"], Field(
+            description="With agent: 'prefer' ranks that agent's items higher; 'only' drops everyone else's.")
+        ] = "prefer",
     ) -> QueryResult:
         """Active context selection: the experience most relevant to your state, ranked by measured outcome and
         packed into token_budget. Stuck on a compile error or wrong results, you get the fixes that resolved the
         same failure before; correct but slow, the strategies with the best measured gains on this family and
         hardware; always, pitfalls to avoid. Returns `context` (markdown to put in your prompt) and the items with
-        why each was chosen. Call it before every new attempt.
+        why each was chosen (including which agent produced it). Experience from every client and model sharing
+        this memory is used by default; pass agent to prefer or keep one agent's. Call it before every new attempt.
         """
         return await call_service(ctx, app_state(ctx).experience.query_experience, query, task_id, session_id,
-                                  phase, hardware, token_budget)
+                                  phase, hardware, token_budget, agent, agent_mode)
 
     @server.resource("kope://memory/stats", name="memory_stats", title="Experience memory statistics",
                      mime_type="application/json")

@@ -10,7 +10,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from kope_mcp.models import CompileResult, ProfileReport, TestReport
-from kope_mcp.tools._context import APPENDS, agent_info, app_state, call_service
+from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, agent_info, app_state, call_service
 
 KernelId = Annotated[str, Field(description="The kernel_id returned by compile_kernel.")]
 
@@ -34,6 +34,7 @@ def register(server: MCPServer[Any]) -> None:
         flags: Annotated[list[str] | None, Field(
             description="Extra compiler flags from the allow-list, e.g. ['-O3', '-march=native', '-fopenmp'].")
         ] = None,
+        agent: Annotated[str | None, Field(description=AGENT_LABEL_DOC)] = None,
     ) -> CompileResult:
         """Compile a candidate kernel for a task. Builds are cached by content (same source and flags: cached).
 
@@ -43,7 +44,7 @@ def register(server: MCPServer[Any]) -> None:
         """
         return await call_service(ctx, app_state(ctx).workbench.compile_kernel, task_id, source, backend,
                                   session_id, parent_id, strategy, flags, progress=True,
-                                  agent=agent_info(ctx))
+                                  agent=agent_info(ctx, agent))
 
     @server.tool(
         name="run_tests",

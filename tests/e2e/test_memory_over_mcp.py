@@ -81,3 +81,39 @@ def test_kill_9_during_writes_loses_no_acknowledged_experience(tmp_path):
     store = KuzuExperienceStore(home / "memory.kuzu")
     for experience_id in acknowledged:
         assert store.lesson(experience_id).task_id == "relu"
+
+
+def test_agents_see_each_others_experience_by_default_and_can_prefer_or_keep_one_agents(tmp_path):
+    server = build_server(make_settings(tmp_path / "home"))
+
+    async def work(name: str, label: str, lesson: str) -> None:
+        async with Client(server, client_info=Implementation(name=name, version="1")) as client:
+            compiled = (await client.call_tool("compile_kernel", {
+                "task_id": "vector_add", "source": VECTOR_ADD_OK + f"// {name}\n", "agent": label,
+            })).structured_content
+            await client.call_tool("run_tests", {"kernel_id": compiled["kernel_id"]})
+            await client.call_tool("record_experience", {"strategy": f"{label} idea", "lesson": lesson,
+                                                         "task_id": "vector_add", "agent": label})
+
+    async def ask(**filters):
+        async with Client(server, client_info=Implementation(name="script", version="2")) as client:
+            result = await client.call_tool("query_experience", {"query": "vector add lesson",
+                                                                 "task_id": "vector_add", **filters})
+            assert not result.is_error, result.content
+            return result.structured_content
+
+    async def body():
+        await work("claude-desktop", "opus planner", "unroll the add loop by four for this task")
+        await work("ide-agent", "small coder", "aligned loads help the add loop of this task")
+        everyone = await ask()
+        authors = " | ".join(item["why"] for item in everyone["items"])
+        assert "claude-desktop 1 [opus planner]" in authors and "ide-agent 1 [small coder]" in authors
+        only = await ask(agent="small coder", agent_mode="only")
+        assert only["items"] and all("ide-agent 1 [small coder]" in i["why"] for i in only["items"]
+                                     if i["tier"] != "hot")
+        assert only["dropped_reasons"].get("other_agent", 0) >= 1
+        preferred = await ask(agent="claude-desktop")
+        first = next(i for i in preferred["items"] if i["tier"] != "hot")
+        assert "preferred agent" in first["why"]
+
+    anyio.run(body)
