@@ -13,8 +13,20 @@ from typing import Any
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kope", description="kope-mcp: an MCP workbench for kernel optimisation.")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the MCP server (stdio, for Claude Desktop and other clients)")
+    serve = sub.add_parser("serve", help="run the MCP server (stdio for Claude Desktop and IDEs, or HTTP)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="http: address to listen on (non-loopback needs a token)")
+    serve.add_argument("--port", type=int, default=8765, help="http: port (0: any free port)")
+    serve.add_argument("--token-file", help="http: file holding the bearer token (or set KOPE_TOKEN)")
+    serve.add_argument("--allowed-host", action="append", default=[],
+                       help="http: a Host header value clients use (required for non-loopback hosts; repeatable)")
+    serve.add_argument("--allowed-origin", action="append", default=[], help="http: an allowed Origin (repeatable)")
+    serve.add_argument("--no-daemon", action="store_true",
+                       help="stdio: own the database in this process instead of sharing the home's daemon")
+    daemon = sub.add_parser("daemon", help="the process that owns KOPE_HOME's database for all clients")
+    daemon.add_argument("action", choices=["status", "stop", "run"],
+                        help="status: who owns this home; stop: ask it to exit; run: (internal) become it")
     tasks = sub.add_parser("tasks", help="list the task suite, or show one task")
     tasks.add_argument("action", nargs="?", choices=["show", "add", "import-kernelbench"],
                        help="'show ID' prints one task in full; 'add DIR' checks and installs a task folder; "
@@ -31,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "memory":
         return _memory(args.action, args.target)
     if args.command == "serve":
-        return _serve(args.log_level)
+        return _serve(args)
+    if args.command == "daemon":
+        return _daemon(args.action)
     if args.command == "tasks":
         if args.action == "import-kernelbench":
             return _import_kernelbench(args.task_id, args.replace)
@@ -43,12 +57,112 @@ def main(argv: list[str] | None = None) -> int:
     return _demo()
 
 
-def _serve(log_level: str) -> int:
-    from kope_mcp.server import build_server, configure_logging
+def _serve(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
 
-    configure_logging(log_level)
-    build_server().run("stdio")
+    from kope_mcp import daemon
+    from kope_mcp.server import configure_logging
+    from kope_mcp.settings import KopeSettings
+
+    configure_logging(args.log_level)
+    settings = KopeSettings.from_env()
+    if args.transport == "http":
+        from kope_mcp.http_server import HttpOptions
+
+        token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("KOPE_TOKEN")
+        options = HttpOptions(host=args.host, port=args.port, token=token or None,
+                              allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin)
+        return _own_and_serve_http(settings, options, on_demand=False)
+    if args.no_daemon or os.environ.get("KOPE_DAEMON", "on").lower() in ("off", "0", "no"):
+        from kope_mcp.server import build_server
+
+        ownership = daemon.claim(settings.home)
+        if ownership is None:
+            print(f"error: {settings.home} is already served by {daemon.describe(daemon.read_state(settings.home))}"
+                  if daemon.read_state(settings.home) else f"error: {settings.home} is in use by another process",
+                  file=sys.stderr)
+            return 2
+        ownership.publish(daemon.DaemonState(pid=os.getpid(), url="", token=None, started_at=time.time(),
+                                             on_demand=False))
+        try:
+            build_server(settings).run("stdio")
+        finally:
+            ownership.release()
+        return 0
+    from kope_mcp.proxy import run_stdio_proxy
+
+    try:
+        run_stdio_proxy(settings.home)
+    except daemon.DaemonError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
+    """Become the home's owner and serve HTTP; publish where once it is ready, withdraw on exit."""
+    import os
+
+    from kope_mcp import daemon
+    from kope_mcp.errors import KopeError
+    from kope_mcp.http_server import bind, serve_http
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    ownership = daemon.claim(settings.home)
+    if ownership is None:
+        if on_demand:
+            return 0  # another daemon won the race: it serves everyone
+        state = daemon.read_state(settings.home)
+        print(f"error: {settings.home} is already served by {daemon.describe(state) if state else 'another process'}"
+              "; connect to it, or stop it with `kope daemon stop`", file=sys.stderr)
+        return 2
+    try:
+        options.validate()
+        sock = bind(options.host, options.port)
+    except KopeError as exc:
+        ownership.release()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    port = sock.getsockname()[1]
+    host = f"[{options.host}]" if ":" in options.host else options.host
+    url = f"http://{host}:{port}"
+
+    def ready() -> None:
+        ownership.publish(daemon.DaemonState(pid=os.getpid(), url=url, token=options.token, started_at=time.time(),
+                                             on_demand=on_demand))
+        print(f"kope-mcp serving {settings.home} at {url}/mcp" + (" (bearer token required)" if options.token
+                                                                   else ""), file=sys.stderr, flush=True)
+
+    try:
+        serve_http(settings, options, sock, on_ready=ready)
+    finally:
+        ownership.release()
+    return 0
+
+
+def _daemon(action: str) -> int:
+    import os
+    import secrets
+
+    from kope_mcp import daemon
+    from kope_mcp.http_server import HttpOptions
+    from kope_mcp.server import configure_logging
+    from kope_mcp.settings import KopeSettings
+
+    settings = KopeSettings.from_env()
+    if action == "run":
+        configure_logging("INFO")
+        idle = float(os.environ.get("KOPE_DAEMON_IDLE_S", "600"))
+        options = HttpOptions(host="127.0.0.1", port=0, token=secrets.token_urlsafe(32), idle_exit_s=idle)
+        return _own_and_serve_http(settings, options, on_demand=True)
+    if action == "stop":
+        stopped = daemon.stop(settings.home)
+        print(f"stopped pid {stopped.pid}" if stopped else f"nothing serves {settings.home}")
+        return 0
+    state = daemon.running(settings.home)
+    print(daemon.describe(state) if state else f"nothing serves {settings.home}")
+    return 0 if state else 1
 
 
 def _tasks(action: str | None, task_id: str | None, family: str | None, replace: bool = False) -> int:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,6 +9,9 @@ import pytest
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tasks.registry import TaskRegistry
+
+# A daemon started by a test (stdio clients share the home through one) must not outlive the run for long.
+os.environ.setdefault("KOPE_DAEMON_IDLE_S", "20")
 
 
 def make_settings(home: Path, embeddings: bool = False) -> KopeSettings:

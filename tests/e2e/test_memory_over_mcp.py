@@ -56,11 +56,12 @@ def _server_pid(home: Path) -> int:
     raise AssertionError("server process not found")
 
 
-def test_kill_9_during_writes_loses_no_acknowledged_experience(tmp_path):
+def test_kill_9_of_a_stdio_server_owning_its_home_loses_no_acknowledged_experience(tmp_path):
     home = tmp_path / "home"
     env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}
-    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "ERROR"],
-                                   env=env)
+    # --no-daemon: this server process owns the database itself (the daemon case is in test_shared_home.py).
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "ERROR",
+                                                                 "--no-daemon"], env=env)
     acknowledged: list[str] = []
 
     async def body():

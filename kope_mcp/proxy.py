@@ -1,0 +1,139 @@
+"""`kope serve` over stdio, when the home is shared: an MCP server that forwards every request to the home's
+owner over loopback HTTP, so any number of stdio clients (and HTTP clients) use one database at once.
+
+Each request opens a short connection to the owner with the stdio client's own clientInfo, so the owner records
+who did what. A connection is found or made fresh each time (kope's own session ids carry the state), which
+also makes a crashed or idle-stopped daemon invisible: the next call starts a new one. A call that was cut off
+mid-way is reported as an error, never retried (it may have run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import mcp.types as types
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+import kope_mcp
+from kope_mcp import daemon
+from kope_mcp.http_server import MCP_PATH
+from kope_mcp.instructions import INSTRUCTIONS
+
+log = logging.getLogger(__name__)
+
+
+_CONNECT: tuple[type[BaseException], ...] = (httpx2.ConnectError, ConnectionRefusedError)
+_BROKEN: tuple[type[BaseException], ...] = (httpx2.HTTPError, anyio.BrokenResourceError, anyio.EndOfStream,
+                                            anyio.ClosedResourceError, OSError)
+
+
+class _CutOff(Exception):
+    """The connection to the owner broke after the request was sent: the call may or may not have run."""
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+class HomeProxy:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._tools: types.ListToolsResult | None = None
+
+    def _client(self, state: daemon.DaemonState, ctx: Any, progress: Any = None) -> Client:
+        headers = {"Authorization": f"Bearer {state.token}"} if state.token else {}
+        client_info = _caller(ctx)
+        transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH,
+                                           http_client=create_mcp_http_client(headers=headers))
+        return Client(transport, client_info=client_info, mode="legacy")
+
+    async def _with_owner(self, ctx: Any, call: Any) -> Any:
+        for attempt in (1, 2):
+            state = await anyio.to_thread.run_sync(daemon.ensure, self.home)
+            try:
+                async with self._client(state, ctx) as client:
+                    return await call(client)
+            except (BaseExceptionGroup, *_CONNECT, *_BROKEN) as exc:  # the SDK's task groups wrap transport errors
+                leaves = _leaves(exc)
+                if all(isinstance(e, _CONNECT) for e in leaves):
+                    if attempt == 2:
+                        raise daemon.DaemonError(f"cannot reach the kope daemon for {self.home} at {state.url}: "
+                                                 f"{leaves[0]}") from None
+                    log.warning("daemon at %s unreachable; finding or starting it again", state.url)
+                    continue  # nothing was sent: safe to retry against a fresh daemon
+                if any(isinstance(e, _BROKEN) for e in leaves):
+                    raise _CutOff(type(leaves[0]).__name__) from None
+                raise
+        raise AssertionError("unreachable")
+
+    async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        if self._tools is None:
+            self._tools = await self._with_owner(ctx, lambda c: c.list_tools())
+        return self._tools
+
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        meta = ctx.meta if isinstance(ctx.meta, dict) else {}
+        token = meta.get("progress_token", meta.get("progressToken"))
+
+        async def forward_progress(progress: float, total: float | None, message: str | None) -> None:
+            if token is not None:
+                with contextlib.suppress(Exception):  # a client that left must not fail the call
+                    await ctx.session.send_progress_notification(token, progress, total, message)
+
+        try:
+            return await self._with_owner(ctx, lambda c: c.call_tool(
+                params.name, params.arguments or {}, progress_callback=forward_progress))
+        except daemon.DaemonError as exc:
+            return _error(str(exc))
+        except _CutOff as exc:
+            return _error(f"daemon_unavailable: the kope daemon for {self.home} stopped during {params.name} "
+                          f"({exc}); it may or may not have completed. Call again: a new daemon starts, with "
+                          "every acknowledged result intact.")
+
+    async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
+        return await self._with_owner(ctx, lambda c: c.list_resources())
+
+    async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        return await self._with_owner(ctx, lambda c: c.read_resource(params.uri))
+
+
+def _caller(ctx: Any) -> types.Implementation | None:
+    """The stdio client's clientInfo: per request (2026-07-28 protocol) or from its initialize handshake."""
+    meta = ctx.meta if isinstance(ctx.meta, dict) else {}
+    info = meta.get("io.modelcontextprotocol/clientInfo")
+    if isinstance(info, dict) and info.get("name"):
+        return types.Implementation(name=str(info["name"]), version=str(info.get("version", "")))
+    info = getattr(getattr(ctx.session, "client_params", None), "client_info", None)
+    return types.Implementation(name=info.name, version=info.version) if info else None
+
+
+def _error(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
+
+def run_stdio_proxy(home: Path) -> None:
+    """Serve stdio, forwarding to the home's owner (started now if none runs, so the first call is quick)."""
+    daemon.ensure(home)
+    proxy = HomeProxy(home)
+    server: Server[Any] = Server(
+        "kope-mcp", version=kope_mcp.__version__, instructions=INSTRUCTIONS,
+        on_list_tools=proxy.list_tools, on_call_tool=proxy.call_tool,
+        on_list_resources=proxy.list_resources, on_read_resource=proxy.read_resource,
+    )
+
+    async def main() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(main)

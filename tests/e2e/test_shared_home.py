@@ -1,0 +1,185 @@
+"""One KOPE_HOME, many clients: stdio clients share the home's daemon, HTTP clients reach it with its token,
+a crashed daemon is replaced, and nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.types import Implementation
+
+from kope_mcp import daemon
+from kope_mcp.http_server import HttpConfigError, HttpOptions
+from kope_mcp.memory.store import KuzuExperienceStore
+from tests.conftest import VECTOR_ADD_OK
+
+
+@pytest.fixture
+def home(tmp_path):
+    path = tmp_path / "home"
+    yield path
+    with contextlib.suppress(daemon.DaemonError):
+        daemon.stop(path)
+
+
+def stdio(home: Path) -> StdioServerParameters:
+    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off", "KOPE_PROFILE_S": "0.3"}
+    return StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "WARNING"],
+                                 env=env)
+
+
+def http_client(home: Path, name: str) -> Client:
+    state = daemon.running(home)
+    assert state is not None and state.token
+    transport = streamable_http_client(state.url + "/mcp", http_client=create_mcp_http_client(
+        headers={"Authorization": f"Bearer {state.token}"}))
+    return Client(transport, client_info=Implementation(name=name, version="1"))
+
+
+async def call(client: Client, tool: str, **args):
+    result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+def test_two_stdio_clients_and_an_http_client_share_one_memory_at_once(home):
+    async def work(client: Client, name: str) -> None:
+        compiled = await call(client, "compile_kernel", task_id="vector_add", source=VECTOR_ADD_OK + f"// {name}\n")
+        assert (await call(client, "run_tests", kernel_id=compiled["kernel_id"]))["passed"]
+        await call(client, "record_experience", strategy=f"{name} plain loop", kernel_id=compiled["kernel_id"],
+                   lesson=f"{name}: the plain vector add loop is correct")
+
+    async def body():
+        with anyio.fail_after(180):
+            async with Client(stdio(home), client_info=Implementation(name="desktop", version="1")) as a, \
+                    Client(stdio(home), client_info=Implementation(name="ide", version="2")) as b:
+                async with http_client(home, "script") as c, anyio.create_task_group() as tg:
+                    for client, name in ((a, "desktop"), (b, "ide"), (c, "script")):
+                        tg.start_soon(work, client, name)
+                for client in (a, b):
+                    seen = await call(client, "query_experience", query="vector add plain loop",
+                                      task_id="vector_add", token_budget=4000)
+                    authors = " | ".join(item["why"] for item in seen["items"])
+                    assert all(f"by {who}" in authors for who in ("desktop 1", "ide 2", "script 1")), authors
+
+    anyio.run(body)
+    state = daemon.running(home)
+    assert state is not None and state.on_demand
+
+
+def test_clients_starting_at_the_same_instant_start_one_daemon(home):
+    pids: list[int] = []
+
+    async def one(i: int) -> None:
+        async with Client(stdio(home), client_info=Implementation(name=f"c{i}", version="1")) as client:
+            await call(client, "list_tasks", family="scan")
+            state = daemon.running(home)
+            assert state is not None
+            pids.append(state.pid)
+
+    async def body():
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(one, i)
+
+    anyio.run(body)
+    assert len(set(pids)) == 1
+
+
+def test_a_stale_state_file_from_a_crashed_daemon_is_replaced(home):
+    (home / "daemon").mkdir(parents=True)
+    (home / "daemon" / "state.json").write_text(json.dumps(
+        {"pid": 999999, "url": "http://127.0.0.1:9", "token": "x", "started_at": 0, "on_demand": True}))
+    state = daemon.ensure(home)
+    assert state.pid != 999999 and daemon.running(home) == state
+
+
+def test_kill_9_of_the_daemon_gives_clear_errors_and_a_restart_keeps_every_acknowledged_write(home):
+    acknowledged: list[str] = []
+    errors: list[str] = []
+    killed: list[int] = []
+
+    async def writer(client: Client, name: str) -> None:
+        for i in range(30):
+            result = await client.call_tool("record_experience", {
+                "task_id": "relu", "strategy": f"{name} strategy {i}", "lesson": f"{name} lesson number {i}"})
+            if result.is_error:
+                errors.append(result.content[0].text)
+            else:
+                acknowledged.append(result.structured_content["experience_id"])
+            if len(acknowledged) == 20 and not killed:
+                state = daemon.running(home)
+                assert state is not None
+                killed.append(state.pid)
+                os.kill(state.pid, signal.SIGKILL)
+
+    async def body():
+        with anyio.fail_after(240):
+            async with Client(stdio(home), client_info=Implementation(name="a", version="1")) as a, \
+                    Client(stdio(home), client_info=Implementation(name="b", version="1")) as b, \
+                    anyio.create_task_group() as tg:
+                tg.start_soon(writer, a, "a")
+                tg.start_soon(writer, b, "b")
+
+    anyio.run(body)
+    assert killed and len(acknowledged) + len(errors) == 60
+    assert all(e.startswith("daemon_unavailable:") for e in errors), errors
+    after = daemon.running(home)
+    assert after is not None and after.pid != killed[0]  # the next call started a fresh daemon
+    daemon.stop(home)
+    store = KuzuExperienceStore(home / "memory.kuzu")
+    try:
+        for experience_id in acknowledged:
+            assert store.lesson(experience_id).task_id == "relu"
+    finally:
+        store.close()
+
+
+def test_http_refuses_requests_without_the_token_and_non_loopback_without_token_or_hosts(home):
+    state = daemon.ensure(home)
+    response = httpx2.post(state.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert response.status_code == 401 and "Bearer" in response.json()["message"]
+    with pytest.raises(HttpConfigError, match="requires a token"):
+        HttpOptions(host="0.0.0.0").validate()
+    with pytest.raises(HttpConfigError, match="--allowed-host"):
+        HttpOptions(host="0.0.0.0", token="t").validate()
+    HttpOptions(host="127.0.0.1").validate()
+
+
+def test_a_user_started_http_server_is_the_homes_owner_for_stdio_clients(home, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}
+    server = __import__("subprocess").Popen(
+        [sys.executable, "-m", "kope_mcp", "serve", "--transport", "http", "--port", "0", "--token-file",
+         str(token_file), "--log-level", "WARNING"], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while (state := daemon.running(home)) is None:
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert state.token == "s3cret" and not state.on_demand and state.pid == server.pid
+
+        async def body():
+            with anyio.fail_after(60):
+                async with Client(stdio(home)) as client:
+                    assert (await call(client, "list_tasks", family="pooling"))["count"] == 3
+
+        anyio.run(body)
+        assert daemon.running(home).pid == server.pid  # the stdio client used it rather than starting another
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert daemon.running(home) is None
