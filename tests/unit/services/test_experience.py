@@ -8,7 +8,7 @@ from kope_mcp.services.experience import EmptyLessonError, ExperienceService
 from kope_mcp.services.memory import ExperienceMemory
 from kope_mcp.services.memory_admin import export_memory, import_memory
 from kope_mcp.services.workbench import Workbench
-from tests.conftest import make_settings
+from tests.conftest import VECTOR_ADD_OK, make_settings
 from tests.memory_helpers import ACCUMULATOR_STRATEGY, SUM_BROKEN, run_sum_session
 
 
@@ -150,3 +150,25 @@ def test_the_in_memory_index_gives_the_same_answers_as_the_store_scans(world, wo
                    {"session_id": ids["session"]}, {"task_id": "softmax"}):
         assert indexed_service.query_experience("faster", **kwargs).context == \
             service.query_experience("faster", **kwargs).context
+
+
+def test_import_merges_into_a_memory_with_its_own_experience_and_serves_it_as_cross_hardware_evidence(
+        world, workbench, tmp_path):
+    path = tmp_path / "memory.jsonl"
+    exported = export_memory(workbench.memory, path)
+    other = Workbench(make_settings(tmp_path / "other-home"), workbench.tasks)
+    own = other.compile_kernel("vector_add", VECTOR_ADD_OK, strategy="plain loop")
+    other.run_tests(own.kernel_id)
+    before = other.store.counts()
+    import_memory(other.memory, path)
+    merged = other.store.counts()
+    assert merged["Attempt"] == before["Attempt"] + exported["Attempt"]
+    import_memory(other.memory, path)
+    assert other.store.counts() == merged  # same attempts, same ids: no duplicates
+    source_hardware = set(workbench.store.hardware_keys())
+    assert source_hardware <= set(other.store.hardware_keys())
+    # On a machine the imported experience was not measured on, it is still offered, marked as such.
+    answer = ExperienceService(other.memory, other.tasks).query_experience(
+        "faster reduction", task_id="dot", hardware="another-chip-x86-64-avx2-8c")
+    imported = [i for i in answer.items if i.tier == "cold"]
+    assert imported and all("other hardware" in i.why for i in imported)
