@@ -93,6 +93,8 @@ async def client_loop(index: int, home: Path, until: float, stats: Stats, seed: 
                         stats.kernels.append(data["kernel_id"])
                         session_id = data["session_id"]
         except Exception as exc:  # a load test reports every failure, whatever it is, and carries on
+            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+                exc = exc.exceptions[0]  # the SDK's task groups wrap the transport error that matters
             stats.errors.append(f"connection: {type(exc).__name__}: {str(exc)[:160]}")
             await anyio.sleep(0.2)
 
