@@ -405,4 +405,11 @@ async def _demo_session() -> int:
     print("\nWhat the memory now offers an agent starting on gemv (query_experience, 400-token budget):")
     print(textwrap.indent(advice["context"], "  "))
     print(f"\nDone in {time.monotonic() - started:.1f} s; data kept under {os.environ.get('KOPE_HOME', '~/.kope')}.")
+    from kope_mcp import daemon
+    from kope_mcp.settings import KopeSettings
+
+    owner = daemon.running(KopeSettings.from_env().home)
+    if owner is not None and owner.on_demand:
+        print(f"The home's daemon (pid {owner.pid}) serves other clients too and exits after "
+              f"{os.environ.get('KOPE_DAEMON_IDLE_S', '600')} s idle; `kope daemon stop` stops it now.")
     return 0
