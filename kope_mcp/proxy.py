@@ -22,6 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 
 import kope_mcp
 from kope_mcp import daemon
@@ -38,6 +39,10 @@ _BROKEN: tuple[type[BaseException], ...] = (httpx2.HTTPError, anyio.BrokenResour
 
 class _CutOff(Exception):
     """The connection to the owner broke after the request was sent: the call may or may not have run."""
+
+
+def _cut_off(exc: BaseException) -> bool:
+    return isinstance(exc, _BROKEN) or (isinstance(exc, MCPError) and exc.code == types.CONNECTION_CLOSED)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -64,7 +69,7 @@ class HomeProxy:
             try:
                 async with self._client(state, ctx) as client:
                     return await call(client)
-            except (BaseExceptionGroup, *_CONNECT, *_BROKEN) as exc:  # the SDK's task groups wrap transport errors
+            except (BaseExceptionGroup, MCPError, *_CONNECT, *_BROKEN) as exc:  # task groups wrap transport errors
                 leaves = _leaves(exc)
                 if all(isinstance(e, _CONNECT) for e in leaves):
                     if attempt == 2:
@@ -72,8 +77,10 @@ class HomeProxy:
                                                  f"{leaves[0]}") from None
                     log.warning("daemon at %s unreachable; finding or starting it again", state.url)
                     continue  # nothing was sent: safe to retry against a fresh daemon
-                if any(isinstance(e, _BROKEN) for e in leaves):
-                    raise _CutOff(type(leaves[0]).__name__) from None
+                if any(_cut_off(e) for e in leaves):
+                    raise _CutOff(str(next(e for e in leaves if _cut_off(e)))[:120]) from None
+                if len(leaves) == 1 and isinstance(leaves[0], MCPError):
+                    raise leaves[0] from None  # the owner's own protocol error, unwrapped
                 raise
         raise AssertionError("unreachable")
 
@@ -96,6 +103,8 @@ class HomeProxy:
                 params.name, params.arguments or {}, progress_callback=forward_progress))
         except daemon.DaemonError as exc:
             return _error(str(exc))
+        except MCPError as exc:
+            return _error(f"the kope daemon refused {params.name}: {exc.message}")
         except _CutOff as exc:
             return _error(f"daemon_unavailable: the kope daemon for {self.home} stopped during {params.name} "
                           f"({exc}); it may or may not have completed. Call again: a new daemon starts, with "
