@@ -36,6 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     tasks.add_argument("--family", help="only this family")
     sub.add_parser("doctor", help="what this machine offers: compilers, OpenMP, ISA, caches, sandbox")
     sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
+    bench = sub.add_parser("bench", help="the KOPE ablation: memory off / passive / active on held-out tasks")
+    bench.add_argument("--quick", action="store_true", help="CI-sized: 3 families, 1 seed, 4 attempts (minutes)")
+    bench.add_argument("--seeds", type=int, default=3)
+    bench.add_argument("--budget", type=int, default=8, help="attempts per task")
+    bench.add_argument("--families", nargs="*", help="only these families (default: all)")
+    bench.add_argument("--out", help="results folder (default: results/bench-<timestamp>)")
     memory = sub.add_parser("memory", help="inspect and move the experience memory under KOPE_HOME")
     memory.add_argument("action", choices=["stats", "show", "export", "import"])
     memory.add_argument("target", nargs="?", help="an id for `show`, a .jsonl file for `export`/`import`")
@@ -52,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(args.task_id) > 1:
             parser.error(f"tasks {args.action or ''}: one task id or folder, got {len(args.task_id)}")
         return _tasks(args.action, args.task_id[0] if args.task_id else None, args.family, args.replace)
+    if args.command == "bench":
+        return _bench(args)
     if args.command == "doctor":
         return _doctor()
     return _demo()
@@ -138,6 +146,23 @@ def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
         serve_http(settings, options, sock, on_ready=ready)
     finally:
         ownership.release()
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import anyio
+
+    from kope_mcp.bench.protocol import BenchConfig
+    from kope_mcp.bench.runner import quick_config, run_bench
+
+    out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    config = quick_config(out) if args.quick else BenchConfig(
+        out=out, seeds=args.seeds, budget=args.budget, families=tuple(args.families) if args.families else None)
+    report = anyio.run(run_bench, config)
+    print(report.read_text())
+    print(f"report: {report}")
     return 0
 
 

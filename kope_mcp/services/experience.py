@@ -191,6 +191,20 @@ class ExperienceService:
             semantic_status=self.memory.semantic_status, warnings=warnings,
         )
 
+    def history(self) -> str:
+        """Every measured or failed attempt and every lesson, oldest first, one line each: the whole memory as
+        an agent that keeps its own transcript would paste it (the baseline active selection is measured
+        against)."""
+        lines = ["# Every recorded attempt and lesson, oldest first"]
+        for rec in sorted(self.store.all_attempts(), key=lambda r: r.created_at):
+            kind: Kind = "case" if rec.speedup is not None else "pitfall"
+            if rec.speedup is None and rec.ok and rec.correct is not False:
+                continue  # compiled, never measured: nothing learned yet
+            lines.append(render_item(Candidate(kind=kind, item_id=rec.kernel_id, attempt=rec), None))
+        for lesson in sorted(self.store.all_lessons(), key=lambda x: x.created_at):
+            lines.append(render_item(Candidate(kind="lesson", item_id=lesson.lesson_id, lesson=lesson), None))
+        return "\n".join(lines) + "\n"
+
     def _add_diffs(self, chosen: list[tuple[Scored, Candidate, str]], task_id: str | None, spare: int) -> None:
         """Give the best chosen cases and fixes their before/after diff while the spare budget allows."""
         for scored, cand, _ in sorted(chosen, key=lambda item: -item[0].score):

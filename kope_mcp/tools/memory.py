@@ -77,6 +77,13 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         return await call_service(ctx, app_state(ctx).experience.query_experience, query, task_id, session_id,
                                   phase, hardware, token_budget, agent, agent_mode)
 
+    @server.resource("kope://memory/history", name="memory_history", title="The whole experience memory",
+                     mime_type="text/markdown")
+    def memory_history_resource() -> str:
+        """Every recorded attempt and lesson, one line each, oldest first. Large: prefer query_experience, which
+        selects what matters for your current state within a token budget."""
+        return live.get().experience.history()
+
     @server.resource("kope://memory/stats", name="memory_stats", title="Experience memory statistics",
                      mime_type="application/json")
     def memory_stats_resource() -> str:

@@ -1,0 +1,132 @@
+"""Figures of an ablation run: per policy and seed, then mean and spread over seeds; markdown and PNG plots."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from kope_mcp.bench.agent import POLICIES, TaskRun
+from kope_mcp.bench.protocol import SeedResult
+
+
+@dataclass
+class PolicyFigures:
+    pass_rate: float
+    geomean_speedup: float  # over the tasks every policy solved in this seed (the paper's intersection)
+    attempts_to_correct: float
+    context_tokens: int
+    seconds: float
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(max(v, 1e-9)) for v in values)) if values else float("nan")
+
+
+def seed_figures(result: SeedResult) -> tuple[dict[str, PolicyFigures], float, int]:
+    """Figures per policy, the paired memory-on (active) vs memory-off (none) speedup, intersection size."""
+    solved = [{r.task_id for r in runs if r.solved} for runs in result.runs.values()]
+    common = set.intersection(*solved) if solved else set()
+    figures: dict[str, PolicyFigures] = {}
+    for policy, runs in result.runs.items():
+        firsts = [r.first_correct for r in runs if r.first_correct is not None]
+        figures[policy] = PolicyFigures(
+            pass_rate=sum(r.solved for r in runs) / len(runs) if runs else float("nan"),
+            geomean_speedup=geomean([r.best_speedup for r in runs if r.task_id in common]),
+            attempts_to_correct=statistics.fmean(firsts) if firsts else float("nan"),
+            context_tokens=sum(r.context_tokens for r in runs),
+            seconds=sum(r.seconds for r in runs),
+        )
+    by_task = {p: {r.task_id: r.best_speedup for r in runs} for p, runs in result.runs.items()}
+    paired = geomean([by_task["active"][t] / by_task["none"][t] for t in common]) \
+        if "active" in by_task and "none" in by_task else float("nan")
+    return figures, paired, len(common)
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    clean = [v for v in values if not math.isnan(v)]
+    if not clean:
+        return "-"
+    if len(clean) == 1:
+        return format(clean[0], fmt)
+    return f"{format(statistics.fmean(clean), fmt)} ± {format(statistics.stdev(clean), fmt)} " \
+           f"({format(min(clean), fmt)}-{format(max(clean), fmt)})"
+
+
+def curve(runs: list[TaskRun], budget: int) -> list[float]:
+    """Geometric mean over tasks of the best speedup so far after each attempt (a finished run carries on)."""
+    points = []
+    for k in range(budget):
+        values = [(r.best_by_attempt[min(k, len(r.best_by_attempt) - 1)] if r.best_by_attempt else 1.0)
+                  for r in runs]
+        points.append(geomean(values))
+    return points
+
+
+def markdown(results: list[SeedResult], budget: int, wall_s: float) -> str:
+    per_seed = [seed_figures(r) for r in results]
+    lines = [f"# KOPE ablation on the CPU suite ({len(results)} seed(s), budget {budget} attempts per task)", "",
+             f"Held-out tasks per seed: {len(results[0].held_out)}; warm-up tasks: {len(results[0].warmup)}; "
+             f"wall time {wall_s / 60:.1f} min. Mean ± standard deviation over seeds (min-max).", "",
+             "| policy | pass rate | geomean speedup (intersection) | attempts to first correct | "
+             "context tokens (total) | agent time (s) |", "| --- | --- | --- | --- | --- | --- |"]
+    for policy in POLICIES:
+        figs = [f[0][policy] for f in per_seed if policy in f[0]]
+        lines.append(f"| {policy} | {_spread([f.pass_rate for f in figs], '.0%')} | "
+                     f"{_spread([f.geomean_speedup for f in figs], '.2f')} | "
+                     f"{_spread([f.attempts_to_correct for f in figs], '.2f')} | "
+                     f"{_spread([float(f.context_tokens) for f in figs], '.0f')} | "
+                     f"{_spread([f.seconds for f in figs], '.0f')} |")
+    paired = [p for _, p, _ in per_seed]
+    sizes = [n for _, _, n in per_seed]
+    lines += ["", f"Memory-on (active) vs memory-off (none), paired per task on the intersection "
+              f"({_spread([float(n) for n in sizes], '.0f')} tasks): geomean ratio {_spread(paired, '.3f')}.", "",
+              "Best speedup so far vs attempt number (geomean over held-out tasks, first seed):", "",
+              "| attempt | " + " | ".join(POLICIES) + " |", "| --- |" + " --- |" * len(POLICIES)]
+    curves = {p: curve(results[0].runs.get(p, []), budget) for p in POLICIES}
+    for k in range(budget):
+        lines.append(f"| {k + 1} | " + " | ".join(f"{curves[p][k]:.2f}" for p in POLICIES) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: list[SeedResult], budget: int, out: Path) -> list[Path]:
+    """pass_rate.png, speedup.png (mean with the seeds' standard deviation) and curve.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_seed = [seed_figures(r)[0] for r in results]
+    written = []
+    for name, attr, label in (("pass_rate", "pass_rate", "pass rate"),
+                              ("speedup", "geomean_speedup", "geomean speedup (intersection)")):
+        means, errs = [], []
+        for policy in POLICIES:
+            values = [getattr(f[policy], attr) for f in per_seed if policy in f]
+            values = [v for v in values if not math.isnan(v)] or [0.0]
+            means.append(statistics.fmean(values))
+            errs.append(statistics.stdev(values) if len(values) > 1 else 0.0)
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.bar(POLICIES, means, yerr=errs, capsize=6, color=["#999999", "#6b8fb3", "#2f7d4f"])
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} per policy ({len(results)} seed(s))")
+        fig.tight_layout()
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for policy in POLICIES:
+        series = [curve(r.runs.get(policy, []), budget) for r in results]
+        mean = [statistics.fmean(s[k] for s in series) for k in range(budget)]
+        ax.plot(range(1, budget + 1), mean, marker="o", label=policy)
+    ax.set_xlabel("attempt")
+    ax.set_ylabel("best speedup so far (geomean)")
+    ax.legend()
+    fig.tight_layout()
+    path = out / "curve.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+    return written
