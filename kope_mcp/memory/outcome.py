@@ -52,10 +52,17 @@ def downstream(ratio: float, successor_scores: list[float]) -> float:
 
 
 def measurement_confidence(speedup: float, ci: tuple[float, float], noisy: bool) -> float:
-    """1 for a tight measurement, less as the speedup's CI widens relative to the speedup; noisy halves it."""
+    """1 for a tight measurement, less as the speedup's CI widens relative to the speedup; noisy halves it.
+    A speedup whose whole CI lies above 1 is a real win however wide: it keeps at least MEASURED_WIN_CONFIDENCE,
+    so a busy machine cannot rank it below a lesson nobody measured."""
     width = max(0.0, ci[1] - ci[0]) / speedup if speedup > 0 else 1.0
-    confidence = max(0.1, 1.0 - 2.0 * width)
-    return round(confidence * (0.5 if noisy else 1.0), 4)
+    confidence = max(0.1, 1.0 - 2.0 * width) * (0.5 if noisy else 1.0)
+    if ci[0] > 1.0:
+        confidence = max(confidence, MEASURED_WIN_CONFIDENCE)
+    return round(confidence, 4)
+
+
+MEASURED_WIN_CONFIDENCE = 0.5
 
 
 UNVERIFIED_CONFIDENCE = 0.3  # a lesson nobody measured ranks below measured evidence

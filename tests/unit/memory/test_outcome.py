@@ -30,4 +30,12 @@ def test_downstream_score_credits_successors_with_decay():
 def test_confidence_falls_with_a_wide_interval_and_noise():
     tight = measurement_confidence(2.0, (1.98, 2.02), noisy=False)
     wide = measurement_confidence(2.0, (1.5, 2.5), noisy=False)
-    assert tight > wide and measurement_confidence(2.0, (1.98, 2.02), noisy=True) == pytest.approx(tight / 2)
+    assert tight > wide
+    unsure = measurement_confidence(1.02, (0.99, 1.05), noisy=False)
+    assert measurement_confidence(1.02, (0.99, 1.05), noisy=True) == pytest.approx(unsure / 2, abs=1e-4)
+
+
+def test_a_win_measurably_above_1_keeps_half_confidence_on_a_noisy_machine():
+    assert measurement_confidence(2.0, (1.98, 2.02), noisy=True) == 0.5
+    assert measurement_confidence(3.0, (1.1, 6.0), noisy=True) == 0.5
+    assert measurement_confidence(1.5, (0.7, 3.0), noisy=True) < 0.5
