@@ -72,13 +72,13 @@ def _server(home: Path, config: BenchConfig) -> StdioServerParameters:
 
 
 async def _run_tasks(home: Path, config: BenchConfig, policy: str, task_ids: list[str], seed: int,
-                     progress: Callable[[str], None]) -> list[TaskRun]:
+                     progress: Callable[[str], None], label: str | None = None) -> list[TaskRun]:
     runs: list[TaskRun] = []
     async with Client(_server(home, config), client_info=Implementation(name=f"bench-{policy}", version="1")) as c:
         for i, task_id in enumerate(task_ids, 1):
             run = await run_task(c, task_id, policy, config.budget, seed)
             runs.append(run)
-            progress(f"seed {seed} {policy:<8} [{i:>2}/{len(task_ids)}] {task_id:<22} "
+            progress(f"{label or f'seed {seed} {policy}':<16} [{i:>2}/{len(task_ids)}] {task_id:<22} "
                      f"{'solved' if run.solved else 'FAILED':<6} best {run.best_speedup:6.2f}x  "
                      f"attempts {run.attempts}  context {run.context_tokens} tok  {run.seconds:5.1f} s")
     return runs
@@ -94,7 +94,7 @@ async def run_seed(config: BenchConfig, tasks: dict[str, str], seed: int,
     warm_home = root / "warm"
     started = time.monotonic()
     progress(f"seed {seed}: warming the memory on {len(warm)} tasks, {len(held)} held out")
-    await _run_tasks(warm_home, config, "none", warm, seed + 10_000, progress)
+    await _run_tasks(warm_home, config, "none", warm, seed + 10_000, progress, f"seed {seed} warm-up")
     result.warmup_seconds = time.monotonic() - started
     for policy in POLICIES:
         home = root / policy
