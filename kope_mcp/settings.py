@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 
 class KopeSettings(BaseModel):
@@ -32,6 +32,12 @@ class KopeSettings(BaseModel):
             values["profile_time_cap_s"] = float(env["KOPE_PROFILE_S"])
         values.update(overrides)
         return cls.model_validate(values)
+
+    @field_validator("home")
+    @classmethod
+    def _absolute_home(cls, home: Path) -> Path:
+        # Kernels run in a sandbox with another working directory: a relative home would not be found there.
+        return home.expanduser().resolve()
 
     @property
     def builds_dir(self) -> Path:

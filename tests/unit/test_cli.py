@@ -63,3 +63,19 @@ def test_memory_stats_show_export_and_import(tmp_path, monkeypatch, capsys):
     not_export.write_text('{"hello": 1}\n')
     assert main(["memory", "import", str(not_export)]) == 2
     assert "invalid_export" in capsys.readouterr().err
+
+
+def test_a_relative_kope_home_works_from_the_sandbox(tmp_path, monkeypatch):
+    # Kernels run with another working directory: the home must be made absolute before anything uses it.
+    from kope_mcp.services.workbench import Workbench
+    from kope_mcp.settings import KopeSettings
+    from tests.conftest import VECTOR_ADD_OK
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KOPE_HOME", "relative-home")
+    settings = KopeSettings.from_env(test_timeout_s=8.0, embeddings=False)
+    assert settings.home == tmp_path / "relative-home"
+    workbench = Workbench(settings)
+    compiled = workbench.compile_kernel("vector_add", VECTOR_ADD_OK)
+    assert workbench.run_tests(compiled.kernel_id).passed
+    workbench.store.close()
