@@ -87,9 +87,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         ownership = daemon.claim(settings.home)
         if ownership is None:
-            print(f"error: {settings.home} is already served by {daemon.describe(daemon.read_state(settings.home))}"
-                  if daemon.read_state(settings.home) else f"error: {settings.home} is in use by another process",
-                  file=sys.stderr)
+            print(_held_by(settings.home), file=sys.stderr)
             return 2
         ownership.publish(daemon.DaemonState(pid=os.getpid(), url="", token=None, started_at=time.time(),
                                              on_demand=False))
@@ -108,6 +106,14 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _held_by(home: Any) -> str:
+    from kope_mcp import daemon
+
+    state = daemon.read_state(home)
+    return (f"error: {home} is already served by {daemon.describe(state) if state else 'another process'}; "
+            "connect to it, or stop it with `kope daemon stop`")
+
+
 def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
     """Become the home's owner and serve HTTP; publish where once it is ready, withdraw on exit."""
     import os
@@ -121,9 +127,7 @@ def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
     if ownership is None:
         if on_demand:
             return 0  # another daemon won the race: it serves everyone
-        state = daemon.read_state(settings.home)
-        print(f"error: {settings.home} is already served by {daemon.describe(state) if state else 'another process'}"
-              "; connect to it, or stop it with `kope daemon stop`", file=sys.stderr)
+        print(_held_by(settings.home), file=sys.stderr)
         return 2
     try:
         options.validate()

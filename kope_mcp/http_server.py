@@ -74,7 +74,6 @@ class Activity:
     def __init__(self) -> None:
         self.in_flight = 0
         self.last = time.monotonic()
-        self.requests = 0
 
     def idle_for(self) -> float:
         return 0.0 if self.in_flight else time.monotonic() - self.last
@@ -102,7 +101,6 @@ class BearerTokenAndActivity:
                 await send({"type": "http.response.body", "body": body})
                 return
         self.activity.in_flight += 1
-        self.activity.requests += 1
         try:
             await self.app(scope, receive, send)
         finally:

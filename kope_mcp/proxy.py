@@ -56,7 +56,7 @@ class HomeProxy:
         self.home = home
         self._tools: types.ListToolsResult | None = None
 
-    def _client(self, state: daemon.DaemonState, ctx: Any, progress: Any = None) -> Client:
+    def _client(self, state: daemon.DaemonState, ctx: Any) -> Client:
         headers = {"Authorization": f"Bearer {state.token}"} if state.token else {}
         client_info = _caller(ctx)
         transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH,

@@ -22,10 +22,10 @@ from typing import Any
 from mcp import Client
 
 from kope_mcp.bench.candidates import BY_NAME, CHOICES, Kernel
+from kope_mcp.memory.selection import estimate_tokens
 
 POLICIES = ("none", "passive", "active")
 ACTIVE_BUDGET = 2000
-CHARS_PER_TOKEN = 4
 
 _CASE = re.compile(r"^- \[(?P<label>[\w-]+), step x(?P<step>[\d.]+), (?P<speedup>[\d.]+)x vs naive, confidence "
                    r"(?P<conf>[\d.]+)\] (?P<task>[\w-]+)(?: \((?P<family>[\w-]+)\))?: (?P<strategy>.+?); flags", re.M)
@@ -98,7 +98,7 @@ async def _read_context(client: Client, policy: str, task_id: str, session_id: s
         return None
     if policy == "passive":
         text = "".join(getattr(c, "text", "") for c in (await client.read_resource("kope://memory/history")).contents)
-        run.context_tokens += math.ceil(len(text) / CHARS_PER_TOKEN)
+        run.context_tokens += estimate_tokens(text)  # the same estimate query_experience reports
         return text
     args: dict[str, Any] = {"query": f"what makes {task_id} faster and what breaks it", "task_id": task_id,
                             "token_budget": ACTIVE_BUDGET}

@@ -100,13 +100,13 @@ class _Plan:
         self.problem, self.path = problem, path
         self.ints = problem.integer_globals()
         self.scalable = [g for g, v in self.ints.items() if v >= SCALABLE_MIN]
-        self.shift, self.base, self.base_trace, self.reference_s = self._choose_scale()
+        self.shift, self.base, self.base_trace = self._choose_scale()
         self.cases = self._cases()
 
     def _at(self, shift: int) -> dict[str, int]:
         return {**self.ints, **{g: max(1, self.ints[g] >> shift) for g in self.scalable}}
 
-    def _choose_scale(self) -> tuple[int, dict[str, int], ProblemTrace, float]:
+    def _choose_scale(self) -> tuple[int, dict[str, int], ProblemTrace]:
         reason = ""
         for shift in range(0, 40):
             sizes = self._at(shift)
@@ -124,7 +124,7 @@ class _Plan:
             arrays = self.problem.generate(np.random.default_rng(0), sizes, trace)
             elapsed = self._time_reference(arrays, sizes, trace)
             if elapsed <= REFERENCE_BUDGET_S:
-                return shift, sizes, trace, elapsed
+                return shift, sizes, trace
             reason = f"the reference takes {elapsed:.2f} s at 1/{2**shift}"
         raise ProblemError(f"no scale of its sizes {self.scalable or '(none)'} fits: {reason or 'cannot scale'}")
 
