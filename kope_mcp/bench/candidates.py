@@ -7,14 +7,22 @@ strategy name so the memory can pool its outcomes across tasks. The catalogue is
 - some are wrong on some tasks (an OpenMP loop around a scalar accumulator races; a vector loop without a
   scalar tail leaves the last elements unwritten on awkward sizes);
 - one does not compile (AVX2 types without <immintrin.h>); its documented fix is the include;
-- some are slower or no better than the naive baseline (no vectorisation, unrolling a branchy loop).
+- some are slower or no better than the naive baseline (no vectorisation, unrolling a branchy loop, a
+  loop interchange that makes a row-major gemv walk columns, blocking a loop nest that already streams).
+
+The loop-nest rewrites (multiple accumulators, interchange, blocking at 32/64/128) apply only where the kernel
+has the loop shape they need (see loops.py), so each family gets its own catalogue: matmul and column sums
+can be interchanged, 2-deep nests blocked, `acc += ...` loops split into independent partial sums, while a
+plain elementwise loop gets only the generic transformations.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from kope_mcp.bench import loops
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,6 @@ class Strategy:
     rationale: str
     apply: Callable[[Kernel], Kernel | None]  # None: does not apply to this kernel
     fix: str | None = None  # the strategy that repairs this one when it fails to compile
-    families: frozenset[str] = field(default_factory=frozenset)  # empty: every family
 
 
 def _flags(*added: str) -> Callable[[Kernel], Kernel | None]:
@@ -52,6 +59,14 @@ def _restrict(k: Kernel) -> Kernel | None:
         return None
     params = re.sub(r"\*\s*(\w+)", r"*restrict \1", match.group(1))
     return Kernel(k.source[:match.start(1)] + params + k.source[match.end(1):], k.flags)
+
+
+def _loop_rewrite(rewrite: Callable[[str, int], str | None]) -> Callable[[Kernel], Kernel | None]:
+    def apply(k: Kernel) -> Kernel | None:
+        head = _KERNEL_HEAD.search(k.source)
+        rewritten = rewrite(k.source, head.end()) if head is not None else None
+        return None if rewritten is None else Kernel(rewritten, k.flags)
+    return apply
 
 
 def _body_start(source: str) -> int:
@@ -131,6 +146,15 @@ STRATEGIES: tuple[Strategy, ...] = (
              _avx_without_include, fix="include immintrin.h"),
     Strategy("include immintrin.h", "vectorisation", "the intrinsics need their header", _include_immintrin),
     Strategy("vector loop without tail", "vectorisation", "process whole vectors of 8 only", _drop_tail),
+    Strategy("multiple accumulators", "compute",
+             "four independent partial sums break the floating-point add chain so the adder pipelines",
+             _loop_rewrite(loops.multiple_accumulators)),
+    Strategy("loop interchange", "memory",
+             "move the reduction loop outside so the inner loop walks memory contiguously",
+             _loop_rewrite(loops.interchange)),
+    *(Strategy(f"blocking {tile}", "memory", f"tile two nested loops in {tile}x{tile} blocks so the working "
+               "set stays in cache", _loop_rewrite(lambda s, at, tile=tile: loops.block(s, at, tile)))
+      for tile in (32, 64, 128)),
     Strategy("disable vectorisation", "compiler", "scalar code is sometimes faster for short loops",
              _flags("-O2", "-fno-tree-vectorize")),
 )

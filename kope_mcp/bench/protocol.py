@@ -16,9 +16,9 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from mcp import Client, StdioServerParameters
 from mcp.types import Implementation
@@ -48,6 +48,12 @@ class SeedResult:
     warmup_seconds: float = 0.0
 
 
+class Progress(Protocol):
+    def started(self, label: str, task_id: str) -> None: ...
+    def finished(self, line: str) -> None: ...
+    def note(self, line: str) -> None: ...
+
+
 def split(tasks: dict[str, str], seed: int, per_family: int | None = None) -> tuple[list[str], list[str]]:
     """(warm-up, held-out) task ids from {task_id: family}."""
     warm: list[str] = []
@@ -72,28 +78,34 @@ def _server(home: Path, config: BenchConfig) -> StdioServerParameters:
 
 
 async def _run_tasks(home: Path, config: BenchConfig, policy: str, task_ids: list[str], seed: int,
-                     progress: Callable[[str], None], label: str | None = None) -> list[TaskRun]:
+                     progress: Progress, label: str | None = None) -> list[TaskRun]:
     runs: list[TaskRun] = []
+    label = label or f"seed {seed} {policy}"
     async with Client(_server(home, config), client_info=Implementation(name=f"bench-{policy}", version="1")) as c:
         for i, task_id in enumerate(task_ids, 1):
+            progress.started(label, task_id)
             run = await run_task(c, task_id, policy, config.budget, seed)
             runs.append(run)
-            progress(f"{label or f'seed {seed} {policy}':<16} [{i:>2}/{len(task_ids)}] {task_id:<22} "
-                     f"{'solved' if run.solved else 'FAILED':<6} best {run.best_speedup:6.2f}x  "
-                     f"attempts {run.attempts}  context {run.context_tokens} tok  {run.seconds:5.1f} s")
+            progress.finished(f"{label:<16} [{i:>2}/{len(task_ids)}] {task_id:<22} "
+                              f"{'solved' if run.solved else 'FAILED':<6} best {run.best_speedup:6.2f}x  "
+                              f"attempts {run.attempts}  context {run.context_tokens} tok  {run.seconds:5.1f} s")
     return runs
 
 
-async def run_seed(config: BenchConfig, tasks: dict[str, str], seed: int,
-                   progress: Callable[[str], None]) -> SeedResult:
+def plan(config: BenchConfig, tasks: dict[str, str], seed: int) -> tuple[list[str], list[str]]:
+    """(warm-up, held-out) task ids of one seed under this configuration."""
     if config.families is not None:
         tasks = {t: f for t, f in tasks.items() if f in config.families}
-    warm, held = split(tasks, seed, config.per_family)
+    return split(tasks, seed, config.per_family)
+
+
+async def run_seed(config: BenchConfig, tasks: dict[str, str], seed: int, progress: Progress) -> SeedResult:
+    warm, held = plan(config, tasks, seed)
     result = SeedResult(seed=seed, warmup=warm, held_out=held)
     root = config.out / f"seed-{seed}"
     warm_home = root / "warm"
     started = time.monotonic()
-    progress(f"seed {seed}: warming the memory on {len(warm)} tasks, {len(held)} held out")
+    progress.note(f"seed {seed}: warming the memory on {len(warm)} tasks, {len(held)} held out")
     await _run_tasks(warm_home, config, "none", warm, seed + 10_000, progress, f"seed {seed} warm-up")
     result.warmup_seconds = time.monotonic() - started
     for policy in POLICIES:

@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from kope_mcp.bench.protocol import QUICK_FAMILIES, BenchConfig, SeedResult, run_seed, to_json
+from kope_mcp.bench.agent import POLICIES
+from kope_mcp.bench.protocol import QUICK_FAMILIES, BenchConfig, SeedResult, plan, run_seed, to_json
 from kope_mcp.bench.report import markdown, plots
 from kope_mcp.tasks.registry import TaskRegistry
 
@@ -17,8 +18,30 @@ def quick_config(out: Path) -> BenchConfig:
     return BenchConfig(out=out, seeds=1, budget=4, families=QUICK_FAMILIES, per_family=1, profile_s=0.1)
 
 
-def _progress(line: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+class BarProgress:
+    """One bar over every task run of the benchmark (warm-up and each policy), a line per finished task above it.
+    Without a terminal (CI logs) the bar is off and only the lines are printed."""
+
+    def __init__(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self._write = tqdm.write
+        self._bar = tqdm(total=total, unit="task", file=sys.stderr, disable=None, dynamic_ncols=True,
+                         bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tasks "
+                                    "[{elapsed}<{remaining}]")
+
+    def started(self, label: str, task_id: str) -> None:
+        self._bar.set_description_str(f"{label}: {task_id}")
+
+    def finished(self, line: str) -> None:
+        self.note(line)
+        self._bar.update(1)
+
+    def note(self, line: str) -> None:
+        self._write(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr)
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 async def run_bench(config: BenchConfig) -> Path:
@@ -27,9 +50,14 @@ async def run_bench(config: BenchConfig) -> Path:
     tasks = {t.id: t.spec.family for t in TaskRegistry.default().list()}
     started = time.monotonic()
     results: list[SeedResult] = []
-    for seed in range(config.seeds):
-        results.append(await run_seed(config, tasks, seed, _progress))
-        (config.out / "results.json").write_text(json.dumps(to_json(results), indent=1))
+    splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
+    progress = BarProgress(sum(len(warm) + len(POLICIES) * len(held) for warm, held in splits))
+    try:
+        for seed in range(config.seeds):
+            results.append(await run_seed(config, tasks, seed, progress))
+            (config.out / "results.json").write_text(json.dumps(to_json(results), indent=1))
+    finally:
+        progress.close()
     report = config.out / "report.md"
     text = markdown(results, config.budget, time.monotonic() - started)
     images = plots(results, config.budget, config.out)

@@ -226,7 +226,7 @@ class Workbench:
         self.memory.record_test(record.kernel_id, report)
 
     # --- profile -------------------------------------------------------------------------------------------
-    def profile_kernel(self, kernel_id: str, deterministic: bool = False,
+    def profile_kernel(self, kernel_id: str, deterministic: bool = False, time_reference: bool = True,
                        progress: ProgressFn = _noop) -> ProfileReport:
         record = self.store.attempt(kernel_id)
         if not record.ok:
@@ -248,6 +248,7 @@ class Workbench:
             libraries["baseline"] = baseline.artifact
         # Without a C baseline (a KernelBench import) the reference is the baseline, as KernelBench measures it.
         base_key = "baseline" if "baseline" in libraries else "reference"
+        with_reference = time_reference or base_key == "reference"
         sizes = task.spec.profile.sizes
         case = PreparedCase(task.spec.profile.name, sizes, task.make_inputs(sizes, task.case_seed(task.spec.profile)))
         hardware = detect_hardware()
@@ -258,10 +259,13 @@ class Workbench:
         with self._measure_lock:
             wait = time.monotonic() - queued
             cap = self.settings.profile_time_cap_s
-            progress(1, 2, f"measuring kernel, baseline and reference interleaved (~{cap:g} s)")
+            timed = "kernel, baseline and reference" if with_reference and base_key == "baseline" else \
+                "kernel and baseline"
+            progress(1, 2, f"measuring {timed} interleaved (~{cap:g} s)")
             outcome = self.runner.profile(
                 task, libraries, case,
-                time_cap_s=self.settings.profile_time_cap_s, with_reference=True, openmp=record.uses_openmp,
+                time_cap_s=self.settings.profile_time_cap_s, with_reference=with_reference,
+                openmp=record.uses_openmp,
                 pin_cpu=pin, wall_s=self.settings.profile_time_cap_s * 4 + 60,
             )
             costs = self._deterministic_costs(task, candidate, libraries.get("baseline"), case) \

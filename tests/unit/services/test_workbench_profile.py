@@ -24,6 +24,15 @@ def test_a_single_threaded_kernel_is_pinned_and_measured_against_baseline_and_re
     assert workbench.store.attempt(compiled.kernel_id).median_s == report.kernel.median_s
 
 
+def test_without_timing_the_reference_only_kernel_and_baseline_are_measured(workbench):
+    task = workbench.tasks.get("relu")
+    compiled = workbench.compile_kernel("relu", task.baseline_source, flags=["-O3"])
+    assert workbench.run_tests(compiled.kernel_id).passed
+    report = workbench.profile_kernel(compiled.kernel_id, time_reference=False)
+    assert report.reference is None and report.speedup_vs_reference is None
+    assert report.kernel.n >= 7 and report.baseline.n >= 7 and report.speedup_vs_baseline > 0
+
+
 def test_an_openmp_kernel_runs_on_every_core_and_the_report_says_so(workbench):
     compiled = workbench.compile_kernel("vector_add", OPENMP_VECTOR_ADD, flags=["-O2", "-fopenmp"])
     assert compiled.ok, compiled.log
