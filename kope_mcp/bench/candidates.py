@@ -161,3 +161,8 @@ STRATEGIES: tuple[Strategy, ...] = (
 BY_NAME = {s.name: s for s in STRATEGIES}
 # What an agent may try on its own initiative (a fix is tried only after the failure it repairs).
 CHOICES: tuple[str, ...] = tuple(s.name for s in STRATEGIES if s.name != "include immintrin.h")
+
+
+def applicable(source: str) -> list[str]:
+    """The strategies an agent could try first on this kernel (those whose rewrite fits its shape)."""
+    return [name for name in CHOICES if BY_NAME[name].apply(Kernel(source)) is not None]

@@ -64,7 +64,18 @@ def curve(runs: list[TaskRun], budget: int) -> list[float]:
     return points
 
 
-def markdown(results: list[SeedResult], budget: int, wall_s: float) -> str:
+def catalogue_table(applies: dict[str, dict[str, int]], tasks_per_family: dict[str, int]) -> list[str]:
+    """Markdown rows: per family, how many of its naive kernels each strategy fits (the per-family catalogue)."""
+    names = sorted({name for counts in applies.values() for name in counts})
+    lines = ["| family (tasks) | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    for family in sorted(applies):
+        lines.append(f"| {family} ({tasks_per_family[family]}) | "
+                     + " | ".join(str(applies[family].get(n, 0) or "") for n in names) + " |")
+    return lines
+
+
+def markdown(results: list[SeedResult], budget: int, wall_s: float,
+             catalogue: list[str] | None = None) -> str:
     per_seed = [seed_figures(r) for r in results]
     lines = [f"# KOPE ablation on the CPU suite ({len(results)} seed(s), budget {budget} attempts per task)", "",
              f"Held-out tasks per seed: {len(results[0].held_out)}; warm-up tasks: {len(results[0].warmup)}; "
@@ -87,6 +98,9 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float) -> str:
     curves = {p: curve(results[0].runs.get(p, []), budget) for p in POLICIES}
     for k in range(budget):
         lines.append(f"| {k + 1} | " + " | ".join(f"{curves[p][k]:.2f}" for p in POLICIES) + " |")
+    if catalogue:
+        lines += ["", "The catalogue per family: how many naive kernels of the family each strategy fits (a "
+                  "strategy that does not fit a kernel's loop shape is never tried on it):", "", *catalogue]
     return "\n".join(lines) + "\n"
 
 

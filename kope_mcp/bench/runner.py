@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from kope_mcp.bench.agent import POLICIES
+from kope_mcp.bench.candidates import applicable
 from kope_mcp.bench.protocol import QUICK_FAMILIES, BenchConfig, SeedResult, plan, run_seed, to_json
-from kope_mcp.bench.report import markdown, plots
+from kope_mcp.bench.report import catalogue_table, markdown, plots
 from kope_mcp.tasks.registry import TaskRegistry
 
 
@@ -44,10 +46,21 @@ class BarProgress:
         self._bar.close()
 
 
+def _catalogue(registry: TaskRegistry, config: BenchConfig) -> list[str]:
+    applies: dict[str, Counter[str]] = {}
+    sizes: Counter[str] = Counter()
+    for task in registry.list():
+        if config.families is None or task.spec.family in config.families:
+            sizes[task.spec.family] += 1
+            applies.setdefault(task.spec.family, Counter()).update(applicable(task.baseline_source or ""))
+    return catalogue_table({f: dict(c) for f, c in applies.items()}, dict(sizes))
+
+
 async def run_bench(config: BenchConfig) -> Path:
     """Run every seed; returns the report's path (plots next to it)."""
     config.out.mkdir(parents=True, exist_ok=True)
-    tasks = {t.id: t.spec.family for t in TaskRegistry.default().list()}
+    registry = TaskRegistry.default()
+    tasks = {t.id: t.spec.family for t in registry.list()}
     started = time.monotonic()
     results: list[SeedResult] = []
     splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
@@ -59,7 +72,7 @@ async def run_bench(config: BenchConfig) -> Path:
     finally:
         progress.close()
     report = config.out / "report.md"
-    text = markdown(results, config.budget, time.monotonic() - started)
+    text = markdown(results, config.budget, time.monotonic() - started, _catalogue(registry, config))
     images = plots(results, config.budget, config.out)
     report.write_text(text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in images) + "\n")
     return report

@@ -16,6 +16,7 @@ def test_a_tiny_run_writes_the_report_the_plots_and_per_policy_results(tmp_path)
     text = report.read_text()
     for policy in ("none", "passive", "active"):
         assert f"| {policy} |" in text
+    assert "| reduction (7) |" in text  # the per-family catalogue, over the family's naive kernels
     assert {p.name for p in config.out.glob("*.png")} == {"pass_rate.png", "speedup.png", "curve.png"}
     (seed,) = json.loads((config.out / "results.json").read_text())
     assert len(seed["held_out"]) == 1 and len(seed["warmup"]) == 1
