@@ -116,8 +116,15 @@ async def run_task(client: Client, task_id: str, policy: str, budget: int, seed:
     run = TaskRun(task_id=task_id, family=task["family"], policy=policy, seed=seed, budget=budget)
     rng = random.Random(f"{seed}/{policy}/{task_id}")
     incumbent = Kernel(task["baseline_source"] or "", ())
+    # The naive kernel is compiled first (not an attempt: it is where every task starts) so that candidates name
+    # it as their parent. Without a parent the server links a candidate to the session's latest attempt, and a
+    # failure would look "fixed" by whatever unrelated strategy came next.
     incumbent_id: str | None = None
     session_id: str | None = None
+    if incumbent.source:
+        root = await _tool(client, "compile_kernel", task_id=task_id, source=incumbent.source,
+                           strategy="naive baseline", agent="scripted")
+        incumbent_id, session_id = root["kernel_id"], root["session_id"]
     tried: set[str] = set()
     pending: tuple[str, Kernel, str] | None = None  # a fix to apply to the candidate that failed, and its id
     while run.attempts < budget:

@@ -7,13 +7,20 @@ Caps (the paper gives no values; these are ours, and why):
   tier and at most 12 items: beyond that the marginal item repeats what the first ones said;
 - the cold tier (other families, other hardware) gets the rest, at most 6 items: it is there for feasibility
   ("this worked elsewhere"), not as the main evidence;
-- MMR with lambda 0.7 keeps relevance first but drops an item whose text is >= 0.9 similar to one already taken.
+- MMR with lambda 0.7 keeps relevance first but drops an item whose text is >= 0.9 similar to one already taken;
+- coverage: the warm tier keeps room for the best pitfalls of up to 3 distinct strategies (a failure costs one
+  line and saves a whole attempt, yet ranked by outcome alone wins crowd it out: measured in `kope bench`, a
+  start context without pitfalls let the agent repeat failures nearly as often as with no memory), and any one
+  strategy gets at most 2 items per tier (the third "fast math worked on X" says nothing new, and the slot goes
+  to a strategy the agent has not heard about).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +28,8 @@ import numpy as np
 WARM_SHARE = 0.7
 WARM_MAX_ITEMS = 12
 COLD_MAX_ITEMS = 6
+PITFALL_MIN_ITEMS = 3
+STRATEGY_MAX_ITEMS = 2
 MMR_LAMBDA = 0.7
 NEAR_DUPLICATE = 0.9
 CHARS_PER_TOKEN = 4  # the usual estimate for English and code with BPE tokenizers
@@ -96,6 +105,34 @@ def similarity_matrix(items: list[Scored], vectors: list[np.ndarray | None]) -> 
             sim[i, j] = sim[j, i] = jaccard_sets(items[i].words, items[j].words)
     np.fill_diagonal(sim, 1.0)
     return sim
+
+
+def cover(ordered: list[Scored], strategy_of: Mapping[str, str | None], pitfalls: Set[str]
+          ) -> tuple[list[Scored], list[Scored]]:
+    """Reorder a ranked list for coverage: the best pitfalls (ids in `pitfalls`) of up to PITFALL_MIN_ITEMS
+    distinct strategies first, then everything else in rank order, at most STRATEGY_MAX_ITEMS items per strategy
+    (items without a strategy are not capped). Returns (reordered, left out by the per-strategy cap)."""
+    first: list[Scored] = []
+    failing: set[str | None] = set()
+    for item in ordered:
+        key = strategy_of.get(item.item_id)
+        if len(first) < PITFALL_MIN_ITEMS and item.item_id in pitfalls and key not in failing:
+            first.append(item)
+            failing.add(key)
+    taken = {item.item_id for item in first}
+    counts = Counter(strategy_of.get(item.item_id) for item in first)
+    kept: list[Scored] = []
+    capped: list[Scored] = []
+    for item in ordered:
+        if item.item_id in taken:
+            continue
+        key = strategy_of.get(item.item_id)
+        if key is not None and counts[key] >= STRATEGY_MAX_ITEMS:
+            capped.append(item)
+            continue
+        counts[key] += 1
+        kept.append(item)
+    return first + kept, capped
 
 
 def pack(items: list[Scored], budget: int, max_items: int) -> tuple[list[Scored], list[Scored]]:

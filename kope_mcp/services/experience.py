@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -14,6 +15,7 @@ from kope_mcp.memory.selection import (
     WARM_MAX_ITEMS,
     WARM_SHARE,
     Scored,
+    cover,
     estimate_tokens,
     mmr_order,
     pack,
@@ -21,6 +23,7 @@ from kope_mcp.memory.selection import (
     truncate_to_tokens,
     word_set,
 )
+from kope_mcp.memory.strategies import strategy_key
 from kope_mcp.models import Phase, QueryResult, RecordResult
 from kope_mcp.services.context_render import has_diff, hot_section, render_context, render_item
 from kope_mcp.services.memory import ExperienceMemory, new_id, now
@@ -140,6 +143,8 @@ class ExperienceService:
         scored: dict[str, tuple[Scored, Candidate, str]] = {}
         dropped: dict[str, int] = {}
         wanted = agent.strip().lower() if agent and agent.strip() else None
+        # A strategy that failed on several kernels is a pattern, not an accident.
+        failures = Counter(_strategy_of(c) for c in candidates.values() if c.kind == "pitfall")
         for cand in candidates.values():
             by = _agent_of(cand)
             if wanted and agent_mode == "only" and wanted not in by.lower():
@@ -150,6 +155,10 @@ class ExperienceService:
                 dropped["no_measured_value"] = dropped.get("no_measured_value", 0) + 1
                 continue
             tier, score = tier_score
+            repeats = failures[_strategy_of(cand)] if cand.kind == "pitfall" else 0
+            if repeats > 1:
+                score = round(score * min(2.0, 1.0 + 0.25 * (repeats - 1)), 4)
+                cand.reasons.append(f"{repeats} failures with this strategy")
             if by:
                 cand.reasons.append(f"by {by}")
             if wanted and agent_mode == "prefer" and wanted in by.lower():
@@ -173,6 +182,15 @@ class ExperienceService:
                 # Look at a few times the cap so packing can still skip items that do not fit.
                 ordered, duplicates, rest = mmr_order(pool, sim, limit=3 * cap)
                 dropped["near_duplicate"] = dropped.get("near_duplicate", 0) + len(duplicates)
+                if tier == "warm":
+                    # Pitfalls rank below wins, so they may lie beyond MMR's horizon; coverage still reaches them.
+                    late = [s for s in rest if scored[s.item_id][1].kind == "pitfall"]
+                    ordered, rest = ordered + late, [s for s in rest if scored[s.item_id][1].kind != "pitfall"]
+                pitfalls = {s.item_id for s in ordered if scored[s.item_id][1].kind == "pitfall"} \
+                    if tier == "warm" else set()
+                ordered, capped = cover(ordered, {s.item_id: _strategy_of(scored[s.item_id][1]) for s in ordered},
+                                        pitfalls)
+                dropped["same_strategy"] = dropped.get("same_strategy", 0) + len(capped)
                 budget = int(remaining * share) if tier == "warm" else remaining
                 taken, skipped = pack(ordered, budget, cap)
                 remaining -= sum(s.tokens for s in taken)
@@ -321,7 +339,9 @@ class ExperienceService:
         elif cand.kind == "fix":
             quality = 0.8
         elif cand.kind == "pitfall" and rec is not None:
-            quality = 0.6 * (rec.confidence if rec.speedup is not None else 0.8)
+            # A kernel that broke is the pitfall worth a line; "slower" is measured, "no gain" says least.
+            broken = not rec.ok or rec.correct is False
+            quality = 0.6 if broken else (0.45 if rec.label == "negative" else 0.3) * rec.confidence
         elif lesson is not None:
             quality = (LABEL_PRIOR.get(lesson.label, 0.5) if lesson.verified else LABEL_PRIOR["lesson"]) * \
                 lesson.confidence
@@ -399,3 +419,9 @@ def _agent_of(cand: Candidate) -> str:
     if cand.attempt is not None:
         return cand.attempt.agent
     return cand.lesson.agent if cand.lesson is not None else ""
+
+
+def _strategy_of(cand: Candidate) -> str | None:
+    """The canonical strategy an item is about (synonyms merged), for the per-strategy cap."""
+    name = cand.attempt.strategy if cand.attempt is not None else cand.lesson.strategy if cand.lesson else None
+    return strategy_key(name) if name else None
