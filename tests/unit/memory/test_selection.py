@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from kope_mcp.memory.selection import Scored, estimate_tokens, mmr_order, pack, similarity_matrix, word_set
+from kope_mcp.memory.selection import Scored, cover, estimate_tokens, mmr_order, pack, similarity_matrix, word_set
 
 
 def item(item_id: str, score: float, text: str) -> Scored:
@@ -34,3 +34,22 @@ def test_similarity_uses_cosine_when_vectors_exist():
     v = np.array([1.0, 0.0])
     sim = similarity_matrix(items, [v, v])
     assert sim[0, 1] == pytest.approx(1.0)
+
+
+def test_cover_puts_the_best_pitfalls_of_distinct_strategies_first_and_caps_each_strategy():
+    wins = [item(f"w{i}", 1.0 - i / 100, f"win {i}") for i in range(6)]
+    falls = [item("p1", 0.2, "tail"), item("p2", 0.15, "tail again"), item("p3", 0.1, "omp"), item("p4", 0.05, "avx"),
+             item("p5", 0.01, "blocking")]
+    strategy = {"w0": "fast", "w1": "fast", "w2": "fast", "w3": "omp", "w4": None, "w5": None,
+                "p1": "tail", "p2": "tail", "p3": "omp", "p4": "avx", "p5": "block"}
+    ordered, capped = cover(wins + falls, strategy, {"p1", "p2", "p3", "p4", "p5"})
+    assert [s.item_id for s in ordered[:3]] == ["p1", "p3", "p4"]  # one per failing strategy, best first
+    assert [s.item_id for s in capped] == ["w2"]  # a third "fast" item
+    # "omp" already has its pitfall: one win of it still fits under the cap; unnamed items are never capped.
+    assert [s.item_id for s in ordered[3:]] == ["w0", "w1", "w3", "w4", "w5", "p2", "p5"]
+
+
+def test_cover_without_pitfalls_keeps_the_rank_order():
+    items = [item(f"w{i}", 1.0 - i / 10, f"win {i}") for i in range(3)]
+    ordered, capped = cover(items, {}, set())
+    assert ordered == items and capped == []
