@@ -18,20 +18,12 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from typing import Any
 
 import anyio
 from mcp import Client, StdioServerParameters
 
-from kope_mcp.bench.agent import attempt
+from kope_mcp.bench.agent import attempt, call_tool
 from kope_mcp.bench.candidates import BY_NAME, CHOICES, Kernel
-
-
-async def _call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, arguments)
-    if result.is_error or result.structured_content is None:
-        raise SystemExit(f"{tool} failed: {result.content}")
-    return result.structured_content
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -44,9 +36,9 @@ async def main(args: argparse.Namespace) -> int:
     speedups: dict[tuple[str, str], list[float]] = defaultdict(list)
     started = time.monotonic()
     async with Client(params) as client:
-        task_ids = [line.split(" ", 1)[0] for line in (await _call(client, "list_tasks"))["tasks"]]
+        task_ids = [line.split(" ", 1)[0] for line in (await call_tool(client, "list_tasks"))["tasks"]]
         for task_id in task_ids:
-            task = await _call(client, "get_task", task_id=task_id)
+            task = await call_tool(client, "get_task", task_id=task_id)
             if (args.families and task["family"] not in args.families) or not task["baseline_source"]:
                 continue
             baseline = Kernel(task["baseline_source"])

@@ -85,7 +85,7 @@ def order(policy: str, context: str | None, family: str, task_id: str, rng: rand
     return sorted(untried, key=lambda s: -scores.get(s.lower(), 0.0))
 
 
-async def _tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
+async def call_tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
     result = await client.call_tool(name, args)
     if result.is_error or result.structured_content is None:
         raise ToolFailed(f"{name}: {result.content[0].text if result.content else '?'}")
@@ -104,7 +104,7 @@ async def _read_context(client: Client, policy: str, task_id: str, session_id: s
                             "token_budget": ACTIVE_BUDGET}
     if session_id:
         args["session_id"] = session_id
-    answer = await _tool(client, "query_experience", **args)
+    answer = await call_tool(client, "query_experience", **args)
     run.context_tokens += int(answer["tokens_used"])
     return str(answer["context"])
 
@@ -112,7 +112,7 @@ async def _read_context(client: Client, policy: str, task_id: str, session_id: s
 async def run_task(client: Client, task_id: str, policy: str, budget: int, seed: int) -> TaskRun:
     """Work one task with `budget` attempts; every outcome goes through (and into) the server's memory."""
     started = time.monotonic()
-    task = await _tool(client, "get_task", task_id=task_id)
+    task = await call_tool(client, "get_task", task_id=task_id)
     run = TaskRun(task_id=task_id, family=task["family"], policy=policy, seed=seed, budget=budget)
     rng = random.Random(f"{seed}/{policy}/{task_id}")
     incumbent = Kernel(task["baseline_source"] or "", ())
@@ -122,7 +122,7 @@ async def run_task(client: Client, task_id: str, policy: str, budget: int, seed:
     incumbent_id: str | None = None
     session_id: str | None = None
     if incumbent.source:
-        root = await _tool(client, "compile_kernel", task_id=task_id, source=incumbent.source,
+        root = await call_tool(client, "compile_kernel", task_id=task_id, source=incumbent.source,
                            strategy="naive baseline", agent="scripted")
         incumbent_id, session_id = root["kernel_id"], root["session_id"]
     tried: set[str] = set()
@@ -170,15 +170,15 @@ async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, s
         args["session_id"] = session_id
     if parent_id:
         args["parent_id"] = parent_id
-    compiled = await _tool(client, "compile_kernel", **args)
+    compiled = await call_tool(client, "compile_kernel", **args)
     kernel_id, session_id = compiled["kernel_id"], compiled["session_id"]
     if not compiled["ok"]:
         return "compile_error", kernel_id, session_id, None
-    tested = await _tool(client, "run_tests", kernel_id=kernel_id)
+    tested = await call_tool(client, "run_tests", kernel_id=kernel_id)
     if not tested["passed"]:
         return "incorrect", kernel_id, session_id, None
     # The agent compares against the baseline only; timing the numpy reference too would cost a third more.
-    profile = await _tool(client, "profile_kernel", kernel_id=kernel_id, time_reference=False)
+    profile = await call_tool(client, "profile_kernel", kernel_id=kernel_id, time_reference=False)
     speedup = float(profile["speedup_vs_baseline"])
     low = float(profile["speedup_vs_baseline_ci95"][0])
     return ("faster" if low > incumbent_speedup else "correct"), kernel_id, session_id, speedup
@@ -189,5 +189,5 @@ async def _record(client: Client, kernel_id: str, strategy: str, task_id: str, o
     said = {"compile_error": "did not compile", "incorrect": "gave wrong results",
             "correct": f"was correct but not measurably faster than the kernel it changed ({speedup or 0:.2f}x)",
             "faster": f"was correct and measurably faster ({speedup or 0:.2f}x vs naive)"}[outcome]
-    await _tool(client, "record_experience", kernel_id=kernel_id, strategy=strategy, rationale=rationale,
+    await call_tool(client, "record_experience", kernel_id=kernel_id, strategy=strategy, rationale=rationale,
                 lesson=f"{strategy} on {task_id} {said}", agent="scripted")

@@ -114,14 +114,14 @@ def _block(lines: list[str], indent: str) -> str:
 
 def multiple_accumulators(source: str, from_index: int, ways: int = 4) -> str | None:
     """Split every `acc += expr` loop into `ways` independent partial sums plus a scalar tail loop."""
+    targets: list[tuple[Loop, re.Match[str]]] = []
+    for loop in loops(source, from_index):
+        only = loop.items[0] if loop.items is not None and len(loop.items) == 1 else None
+        m = _ACCUMULATE.match(only) if isinstance(only, str) else None
+        if m is not None and not _uses(m["acc"], m["expr"]) and f"{m['acc']}_0" not in source:
+            targets.append((loop, m))
     rewritten = source
-    targets = [loop for loop in loops(source, from_index) if loop.items is not None and len(loop.items) == 1
-               and isinstance(loop.items[0], str) and (m := _ACCUMULATE.match(loop.items[0]))
-               and not _uses(m["acc"], m["expr"]) and f"{m['acc']}_0" not in source]
-    for loop in reversed(targets):  # back to front, so earlier offsets stay valid
-        assert isinstance(loop.items, tuple) and isinstance(loop.items[0], str)
-        m = _ACCUMULATE.match(loop.items[0])
-        assert m is not None
+    for loop, m in reversed(targets):  # back to front, so earlier offsets stay valid
         acc, expr, v = m["acc"], m["expr"].strip(), loop.var
         step = [re.sub(rf"\b{v}\b", f"({v} + {u})" if u else v, expr) for u in range(ways)]
         partials = ", ".join(f"{acc}_{u} = 0.0f" for u in range(ways))
