@@ -29,6 +29,7 @@ ACTIVE_BUDGET = 2000
 
 _CASE = re.compile(r"^- \[(?P<label>[\w-]+), step x(?P<step>[\d.]+), (?P<speedup>[\d.]+)x vs naive, confidence "
                    r"(?P<conf>[\d.]+)\] (?P<task>[\w-]+)(?: \((?P<family>[\w-]+)\))?: (?P<strategy>.+?); flags", re.M)
+_FIXED = re.compile(r"^- (?P<task>[\w-]+)(?: \((?P<family>[\w-]+)\))?: (?P<strategy>.+?) failed with `", re.M)
 _AVOID = re.compile(r"^- AVOID (?P<strategy>.+?) on (?P<task>[\w-]+)(?: \((?P<family>[\w-]+)\))?: "
                     r"(?P<outcome>.+?) \(k-", re.M)
 
@@ -71,6 +72,11 @@ def evidence(context: str, family: str, task_id: str) -> dict[str, float]:
         local = (m["family"] or family) == family or m["task"] == task_id
         broken = m["outcome"].startswith(("did not compile", "wrong results"))
         scores[name] = scores.get(name, 0.0) - (1.0 if broken else 0.3) * (1.0 if local else 0.4)
+    for m in _FIXED.finditer(context):
+        # It broke, though it could be repaired: an attempt lost, and the repair may still not pay off.
+        name = m["strategy"].strip().lower()
+        local = (m["family"] or family) == family or m["task"] == task_id
+        scores[name] = scores.get(name, 0.0) - 0.5 * (1.0 if local else 0.4)
     return scores
 
 

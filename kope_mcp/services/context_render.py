@@ -34,8 +34,9 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
         return f"{head}\n{diff}" if diff else head
     if cand.kind == "fix" and rec is not None and cand.fix is not None:
         problem = rec.error_signature or rec.failure or "failure"
-        head = (f"- {where}: `{problem}` ({rec.kernel_id}) was fixed by {cand.fix.kernel_id}"
-                f"{': ' + cand.fix.strategy if cand.fix.strategy else ''}")
+        # Name what was tried: "`error` was fixed" alone does not say which change to be careful with.
+        head = (f"- {where}: {rec.strategy or 'a change'} failed with `{problem}` ({rec.kernel_id}); fixed by "
+                f"{cand.fix.kernel_id}{': ' + cand.fix.strategy if cand.fix.strategy else ''}")
         # The fix's recorded diff is against the failing attempt when that was its parent (the default).
         diff = cand.fix.diff_from_parent if with_diff and cand.fix.parent_id == rec.kernel_id else ""
         return f"{head}\n{diff}" if diff else head

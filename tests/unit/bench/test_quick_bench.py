@@ -40,7 +40,10 @@ def test_evidence_rewards_measured_steps_on_the_family_and_penalises_pitfalls():
         "(k-1, hw)\n"
         "- AVOID OpenMP over the outer loop on sum_reduce (reduction): wrong results (mismatch) (k-2, hw)\n"
         "- [win, step x3.00, 3.00x vs naive, confidence 0.90] relu (activation): restrict pointers; flags - (k-3, hw)\n"
+        "- dot: AVX2 horizontal-sum helper failed with `compile: unknown type name` (k-4); fixed by k-5: include "
+        "immintrin.h\n"
     )
     scores = evidence(context, family="reduction", task_id="l2_norm")
     assert scores["fast math"] > scores["restrict pointers"] > 0
     assert scores["openmp over the outer loop"] < 0
+    assert scores["avx2 horizontal-sum helper"] < 0  # broke, even though it was repaired

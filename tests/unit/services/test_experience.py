@@ -69,6 +69,8 @@ def test_a_session_stuck_on_a_compile_error_gets_the_fix_for_the_same_signature(
     fixes = [i for i in answer.items if i.kind == "fix"]
     assert fixes and fixes[0].id == ids["broken"] and "same error signature" in fixes[0].why
     assert "## Errors and the fixes that resolved them" in answer.context
+    # The line names the change that broke, not only the error it raised.
+    assert f"{ACCUMULATOR_STRATEGY} failed with `" in answer.context
     assert answer.items[0].tier == "hot" and answer.items[0].kind == "target"
 
 
