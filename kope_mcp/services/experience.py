@@ -143,8 +143,9 @@ class ExperienceService:
         scored: dict[str, tuple[Scored, Candidate, str]] = {}
         dropped: dict[str, int] = {}
         wanted = agent.strip().lower() if agent and agent.strip() else None
+        strategy_of = {c.item_id: _strategy_of(c) for c in candidates.values()}
         # A strategy that failed on several kernels is a pattern, not an accident.
-        failures = Counter(_strategy_of(c) for c in candidates.values() if c.kind == "pitfall")
+        failures = Counter(strategy_of[c.item_id] for c in candidates.values() if c.kind == "pitfall")
         for cand in candidates.values():
             by = _agent_of(cand)
             if wanted and agent_mode == "only" and wanted not in by.lower():
@@ -155,7 +156,7 @@ class ExperienceService:
                 dropped["no_measured_value"] = dropped.get("no_measured_value", 0) + 1
                 continue
             tier, score = tier_score
-            repeats = failures[_strategy_of(cand)] if cand.kind == "pitfall" else 0
+            repeats = failures[strategy_of[cand.item_id]] if cand.kind == "pitfall" else 0
             if repeats > 1:
                 score = round(score * min(2.0, 1.0 + 0.25 * (repeats - 1)), 4)
                 cand.reasons.append(f"{repeats} failures with this strategy")
@@ -182,14 +183,13 @@ class ExperienceService:
                 # Look at a few times the cap so packing can still skip items that do not fit.
                 ordered, duplicates, rest = mmr_order(pool, sim, limit=3 * cap)
                 dropped["near_duplicate"] = dropped.get("near_duplicate", 0) + len(duplicates)
+                pitfalls: set[str] = set()
                 if tier == "warm":
                     # Pitfalls rank below wins, so they may lie beyond MMR's horizon; coverage still reaches them.
-                    late = [s for s in rest if scored[s.item_id][1].kind == "pitfall"]
-                    ordered, rest = ordered + late, [s for s in rest if scored[s.item_id][1].kind != "pitfall"]
-                pitfalls = {s.item_id for s in ordered if scored[s.item_id][1].kind == "pitfall"} \
-                    if tier == "warm" else set()
-                ordered, capped = cover(ordered, {s.item_id: _strategy_of(scored[s.item_id][1]) for s in ordered},
-                                        pitfalls)
+                    pitfalls = {s.item_id for s in pool if scored[s.item_id][1].kind == "pitfall"}
+                    ordered += [s for s in rest if s.item_id in pitfalls]
+                    rest = [s for s in rest if s.item_id not in pitfalls]
+                ordered, capped = cover(ordered, strategy_of, pitfalls)
                 dropped["same_strategy"] = dropped.get("same_strategy", 0) + len(capped)
                 budget = int(remaining * share) if tier == "warm" else remaining
                 taken, skipped = pack(ordered, budget, cap)
