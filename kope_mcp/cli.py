@@ -316,7 +316,7 @@ def _memory(action: str, target: str | None) -> int:
 
 def _doctor() -> int:
     from kope_mcp.hardware import detect_hardware, probe_compiler
-    from kope_mcp.sandbox import capabilities
+    from kope_mcp.sandbox import UNSAFE_ENV, capabilities, unsafe_opt_out
     from kope_mcp.settings import KopeSettings
 
     settings = KopeSettings.from_env()
@@ -337,11 +337,15 @@ def _doctor() -> int:
               f"OpenMP {'yes' if info.openmp else 'no'}" + ("  (used by the c backend)" if name == settings.compiler
                                                            else ""))
     caps = capabilities()
-    print(f"Sandbox    rlimits {'yes' if caps.rlimits else 'NO'}, network isolation "
-          f"{'yes' if caps.network_isolation else 'NO'}, PID namespace {'yes' if caps.pid_namespace else 'NO'}, "
-          f"runs kernels as 'nobody' {'yes' if caps.privilege_drop else 'NO'}")
-    for note in caps.notes:
-        print(f"           note: {note}")
+    if caps.isolated:
+        print(f"Sandbox    isolated ({caps.mode}): every compile and run in its own sandbox")
+    elif unsafe_opt_out():
+        print(f"Sandbox    NOT ISOLATED, and {UNSAFE_ENV}=1: kernels run with this user's rights")
+    else:
+        print(f"Sandbox    NOT AVAILABLE: compile_kernel, run_tests and profile_kernel refuse (sandbox_unavailable)."
+              f"\n           missing: {caps.missing}")
+    for layer in caps.layers:
+        print(f"           {'active ' if layer.active else 'MISSING'}  {layer.name}: {layer.detail}")
     print(f"KOPE_HOME  {settings.home}")
     if not working:
         print("\nNo working C compiler: install gcc (Debian/Ubuntu: apt-get install gcc).", file=sys.stderr)

@@ -112,3 +112,15 @@ class InvalidTaskError(KopeError):
     """A task folder that cannot be loaded; names the file and the field."""
 
     code = "invalid_task"
+
+
+class SandboxUnavailableError(KopeError):
+    """No isolation layer works on this machine and the user did not opt out."""
+
+    code = "sandbox_unavailable"
+
+
+class BuildTamperedError(KopeError):
+    """A cached build's library no longer matches the sha256 recorded when it was built."""
+
+    code = "build_tampered"

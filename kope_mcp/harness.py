@@ -1,19 +1,24 @@
 """The child side of run_tests and profile_kernel: load a kernel library, call it, report what happened.
 
-Runs inside the sandbox (``python -m kope_mcp.harness JOB.json``). It loads everything it needs first (numpy,
-the libraries, the inputs, the reference), then drops to an unprivileged user, then calls kernel code. It
-trusts nothing the kernel does: correctness is judged by the parent from the output files it writes here.
-Only numpy and the standard library are imported, so the child starts fast.
+Runs inside the sandbox as the run's own unprivileged identity from its first instruction
+(``python -S -m kope_mcp.harness JOB.json``): no kernel byte (constructors and IFUNC resolvers included) runs
+before that, because the sandbox set the identity before this interpreter started. It reports only through
+descriptors the server opened and passed in (``result``: outputs and a JSON trailer; ``progress``: which case is
+running; ``timing``: one line before and after every timed batch, stamped by the trusted timekeeper).
+
+It trusts nothing the kernel does, and the server trusts nothing it reports without checking: outputs are judged
+by the server against a reference the child never sees, and timings are corroborated by the stamps.
+Only numpy and the standard library are imported, all before the first kernel library is loaded.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
 import json
 import math
 import os
+import struct
 import sys
 import time
 from pathlib import Path
@@ -21,57 +26,105 @@ from typing import Any
 
 import numpy as np
 
-from kope_mcp.sandbox import drop_privileges
-
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32, "int64": ctypes.c_int64}
 POISON_BITS = 0x7FE5A5A5  # a quiet NaN with a payload no arithmetic produces: "never written"
+POISON_BITS_64 = 0x7FFCA5A5A5A5A5A5
+TRAILER_MAGIC = b"KOPERES1"
+# Fresh output buffers per timed call are bounded by this (a kernel must at least write its outputs, so a
+# sample of ~2 ms never needs more than a few tens of MB); beyond it samples get fewer calls.
+OUTPUT_BUDGET_BYTES = 48 * 1024**2
+
+
+class LoadError(Exception):
+    pass
 
 
 def _load_kernel(path: str, args: list[dict[str, Any]]) -> Any:
-    lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
-    fn = lib.kernel
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        fn = lib.kernel
+    except (OSError, AttributeError) as exc:
+        raise LoadError(str(exc).replace(path, Path(path).name)) from exc
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p if a["kind"] in ("in", "out") else _CTYPES[a["dtype"]] for a in args]
     return fn
 
 
-def _digest(arr: np.ndarray) -> str:
-    return hashlib.sha256(arr.tobytes()).hexdigest()
+def poison(arr: np.ndarray) -> None:
+    if arr.itemsize == 4:
+        arr.view(np.uint32).fill(POISON_BITS)
+    elif arr.itemsize == 8:
+        arr.view(np.uint64).fill(POISON_BITS_64)
+    else:
+        arr.fill(0)
 
 
-class Case:
-    def __init__(self, spec: dict[str, Any], args: list[dict[str, Any]], work: Path) -> None:
-        self.name = spec["name"]
+class ResultWriter:
+    """Raw arrays appended to the result descriptor, then a JSON trailer, its length and a magic."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.offset = 0
+
+    def array(self, arr: np.ndarray) -> None:
+        view = memoryview(np.ascontiguousarray(arr)).cast("B")
+        while view:
+            written = os.write(self.fd, view)
+            self.offset += written
+            view = view[written:]
+
+    def finish(self, trailer: dict[str, Any]) -> None:
+        data = json.dumps(trailer).encode()
+        self.array(np.frombuffer(data + struct.pack("<Q", len(data)) + TRAILER_MAGIC, dtype=np.uint8))
+
+
+class Channel:
+    """An unbuffered line channel (progress markers, timing markers)."""
+
+    def __init__(self, fd: int | None, ack_fd: int | None = None) -> None:
+        self.fd = fd
+        self.ack_fd = ack_fd
+
+    def mark(self, text: str) -> None:
+        if self.fd is not None:
+            os.write(self.fd, (text + "\n").encode())
+
+    def begin(self, name: str) -> None:
+        """A batch begins: wait until the timekeeper stamped it, so the clock is read after the stamp."""
+        self.mark(f"B {name}")
+        if self.ack_fd is not None:
+            os.read(self.ack_fd, 1)
+
+
+class InputSet:
+    def __init__(self, spec: dict[str, Any], args: list[dict[str, Any]], folder: Path) -> None:
+        self.name: str = spec["name"]
         self.sizes: dict[str, int] = spec["sizes"]
         self.args = args
         self.inputs = {
-            name: np.fromfile(work / meta["file"], dtype=meta["dtype"]).reshape(meta["shape"])
+            name: np.fromfile(folder / meta["file"], dtype=meta["dtype"]).reshape(meta["shape"])
             for name, meta in spec["inputs"].items()
         }
         self.pristine = {name: arr.copy() for name, arr in self.inputs.items()}
         self.output_meta: dict[str, dict[str, Any]] = spec["outputs"]
-        self.outputs = {
-            name: np.empty(meta["shape"], dtype=meta["dtype"]) for name, meta in self.output_meta.items()
-        }
         self.scalars: dict[str, float] = spec.get("scalars", {})
 
-    def poison(self) -> None:
-        for arr in self.outputs.values():
-            arr.view(np.uint32 if arr.itemsize == 4 else np.uint64).fill(
-                POISON_BITS if arr.itemsize == 4 else 0x7FFCA5A5A5A5A5A5
-            )
+    def new_outputs(self) -> dict[str, np.ndarray]:
+        return {name: np.empty(meta["shape"], dtype=meta["dtype"]) for name, meta in self.output_meta.items()}
 
-    def restore_inputs(self) -> None:
-        for name, arr in self.inputs.items():
-            np.copyto(arr, self.pristine[name])
+    def output_bytes(self) -> int:
+        return sum(int(np.prod(m["shape"])) * np.dtype(m["dtype"]).itemsize for m in self.output_meta.values())
 
-    def call_args(self) -> list[Any]:
+    def modified_inputs(self) -> list[str]:
+        return [n for n, arr in self.inputs.items() if not np.array_equal(arr, self.pristine[n], equal_nan=True)]
+
+    def call_args(self, outputs: dict[str, np.ndarray]) -> list[Any]:
         values: list[Any] = []
         for a in self.args:
             if a["kind"] == "in":
                 values.append(self.inputs[a["name"]].ctypes.data)
             elif a["kind"] == "out":
-                values.append(self.outputs[a["name"]].ctypes.data)
+                values.append(outputs[a["name"]].ctypes.data)
             elif a["kind"] == "size":
                 values.append(self.sizes[a["name"]])
             else:
@@ -90,17 +143,6 @@ class Case:
         return kwargs
 
 
-class Progress:
-    """Unbuffered markers, so the parent knows which case was running when the process died."""
-
-    def __init__(self, path: Path) -> None:
-        self._fh = path.open("w", buffering=1)
-
-    def mark(self, text: str) -> None:
-        self._fh.write(text + "\n")
-        self._fh.flush()
-
-
 def _guard_fork(pid0: int) -> None:
     # A kernel that forked returns twice; the copy must vanish silently, the parent reports the fork.
     if os.getpid() != pid0:
@@ -114,35 +156,27 @@ def _has_children() -> bool:
         return False
 
 
-def run_test(job: dict[str, Any], work: Path, progress: Progress) -> dict[str, Any]:
+def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel) -> dict[str, Any]:
+    sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
     kernel = _load_kernel(job["libraries"]["candidate"], job["args"])
-    cases = [Case(c, job["args"], work) for c in job["cases"]]
-    dropped = drop_privileges()
     pid0 = os.getpid()
     results = []
-    for index, case in enumerate(cases):
-        case.poison()
-        before = {name: _digest(arr) for name, arr in case.inputs.items()}
+    for index, case in enumerate(sets):
+        outputs = case.new_outputs()
+        for arr in outputs.values():
+            poison(arr)
         progress.mark(f"start {index} {case.name}")
         t0 = time.perf_counter()
-        kernel(*case.call_args())
+        kernel(*case.call_args(outputs))
         seconds = time.perf_counter() - t0
         _guard_fork(pid0)
         progress.mark(f"end {index} {case.name}")
         if _has_children():
             return {"fatal": "fork", "case": case.name}
-        files = {}
-        for name, arr in case.outputs.items():
-            out_file = f"out_{index}_{name}.bin"
-            arr.tofile(work / out_file)
-            files[name] = out_file
-        results.append({
-            "name": case.name,
-            "seconds": seconds,
-            "outputs": files,
-            "inputs_modified": [n for n, arr in case.inputs.items() if _digest(arr) != before[n]],
-        })
-    return {"cases": results, "privileges_dropped": dropped}
+        for name in case.output_meta:
+            out.array(outputs[name])
+        results.append({"name": case.name, "seconds": seconds, "inputs_modified": case.modified_inputs()})
+    return {"cases": results}
 
 
 def _load_reference(task_folder: str) -> Any:
@@ -154,62 +188,122 @@ def _load_reference(task_folder: str) -> Any:
     return getattr(module, "benchmark", module.reference)
 
 
-def _calibrate(call: Any, before: Any, target_s: float) -> tuple[int, float]:
-    """How many back-to-back calls make one sample of about ``target_s``."""
-    before()
-    t0 = time.perf_counter()
-    call()
-    single = max(time.perf_counter() - t0, 1e-7)
-    return max(1, min(10_000, math.ceil(target_s / single))), single
-
-
 def _relative_iqr(samples: list[float]) -> float:
     q1, q3 = np.percentile(samples, [25, 75])
     median = float(np.median(samples))
     return float((q3 - q1) / median) if median > 0 else math.inf
 
 
-def run_profile(job: dict[str, Any], work: Path, progress: Progress) -> dict[str, Any]:
-    case = Case(job["cases"][0], job["args"], work)
+class Consistency:
+    """Every timed call of a kernel must write all of its fresh outputs and agree with its own first result
+    on the same inputs: a kernel that skips work when an output is 'already written', or replays a cached
+    result for the wrong inputs, leaves poison or a different answer in some call's buffer."""
+
+    def __init__(self, atol: float, rtol: float) -> None:
+        self.atol, self.rtol = atol, rtol
+        self.anchor: dict[int, dict[str, np.ndarray]] = {}
+        self.bad_calls = 0
+        self.first_problem: str | None = None
+
+    def check(self, set_index: int, outputs: dict[str, np.ndarray], call: int) -> None:
+        anchor = self.anchor.get(set_index)
+        if anchor is None:
+            self.anchor[set_index] = {k: v.copy() for k, v in outputs.items()}
+            return
+        for name, arr in outputs.items():
+            ref = anchor[name]
+            if arr.dtype.kind == "f":
+                with np.errstate(invalid="ignore", over="ignore"):
+                    close = np.isclose(arr, ref, atol=self.atol, rtol=self.rtol, equal_nan=True)
+            else:
+                close = arr == ref
+            if not bool(close.all()):
+                self.bad_calls += 1
+                if self.first_problem is None:
+                    bad = int(np.argmax(~close.reshape(-1)))
+                    self.first_problem = (f"timed call {call} on input set {set_index}: {name}[{bad}] = "
+                                          f"{arr.reshape(-1)[bad]!r}, the same kernel's first call on these "
+                                          f"inputs gave {ref.reshape(-1)[bad]!r}")
+                return
+
+
+def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel,
+                timing: Channel) -> dict[str, Any]:
+    sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
     impls: dict[str, Any] = {}
-    for name, path in job["libraries"].items():
-        fn = _load_kernel(path, job["args"])
-        impls[name] = (lambda f: lambda: f(*case.call_args()))(fn)
-    if job.get("task_folder"):
-        reference = _load_reference(job["task_folder"])
-        impls["reference"] = lambda: reference(**case.reference_kwargs())
-        # One call while the interpreter can still read everything: a reference that imports lazily (torch for
-        # erf, a KernelBench model) cannot load those modules once we are `nobody` and the stdlib is unreadable.
-        impls["reference"]()
+    reference = _load_reference(job["task_folder"]) if job.get("task_folder") else None
+    if reference is not None:
+        # Warm it (lazy imports: torch for erf, a KernelBench model) before any kernel library is in the process.
+        reference(**sets[0].reference_kwargs())
     cpu = job.get("pin_cpu")
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
-    drop_privileges()
+    try:
+        for name, path in job["libraries"].items():
+            impls[name] = _load_kernel(path, job["args"])
+    except LoadError as exc:
+        return {"fatal": "load_error", "message": str(exc)}
     pid0 = os.getpid()
-    cap, target = float(job["time_cap_s"]), float(job.get("sample_target_s", 0.002))
+    cap, target = float(job["time_cap_s"]), float(job.get("sample_target_s", 0.005))
     min_rounds, max_rounds, rel_iqr_goal = int(job.get("min_rounds", 7)), int(job.get("max_rounds", 5000)), 0.02
+    checks = {name: Consistency(job["consistency_atol"], job["consistency_rtol"]) for name in impls}
+    out_budget = max(1, OUTPUT_BUDGET_BYTES // max(1, sets[0].output_bytes()))
+    # Fresh buffers for every call of a sample; call j of the k-th sample runs on input set (k + j) % len(sets),
+    # so consecutive calls never see the same inputs, and every set is timed even at one call per sample.
+    buffers: list[dict[str, np.ndarray]] = []
+    latest: dict[int, dict[str, np.ndarray]] = {}
+    counter = [0]
+
+    def sample(name: str, n: int) -> float:
+        while len(buffers) < n:
+            buffers.append(sets[0].new_outputs())
+        bufs = buffers[:n]
+        for buf in bufs:
+            for arr in buf.values():
+                poison(arr)
+        # Inputs are not restored between samples (a copy of every set per sample would dominate large cases):
+        # a kernel that writes into them fails the check after the measurement instead.
+        k = counter[0]
+        counter[0] += 1
+        chosen = [(k + j) % len(sets) for j in range(n)]
+        if name == "reference":
+            calls = [(lambda s=sets[i]: reference(**s.reference_kwargs())) for i in chosen]
+        else:
+            fn = impls[name]
+            calls = [(lambda f=fn, a=sets[i].call_args(bufs[j]): f(*a)) for j, i in enumerate(chosen)]
+        timing.begin(name)
+        t0 = time.monotonic_ns()
+        for call in calls:
+            call()
+        t1 = time.monotonic_ns()
+        timing.mark(f"E {name} {n} {t0} {t1}")
+        seconds = (t1 - t0) / 1e9
+        _guard_fork(pid0)
+        if name == "candidate":
+            for j, i in enumerate(chosen):
+                checks[name].check(i, bufs[j], j)
+            last_call = {i: j for j, i in enumerate(chosen)}
+            for i, j in last_call.items():
+                latest[i] = {key: arr.copy() for key, arr in bufs[j].items()}
+        return seconds / n
 
     progress.mark("warmup")
     inner: dict[str, int] = {}
-    for name, call in impls.items():
-        case.poison()
-        inner[name], _ = _calibrate(call, case.restore_inputs, target)
-        _guard_fork(pid0)
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    order = list(impls)
+    order = ([*impls, "reference"] if reference is not None else list(impls))
+    for name in order:
+        single = max(sample(name, 1), 1e-7)
+        inner[name] = max(1, min(10_000, math.ceil(target / single)))
+        if name != "reference":
+            inner[name] = min(inner[name], out_budget)
+    samples: dict[str, list[float]] = {name: [] for name in order}
     start = time.perf_counter()
     rounds = 0
     progress.mark("measure")
+    timing.mark("M")
     while rounds < max_rounds:
         # Rotate the order every round so no implementation always runs right after another one.
         for name in order[rounds % len(order):] + order[: rounds % len(order)]:
-            call, n = impls[name], inner[name]
-            case.restore_inputs()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                call()
-            samples[name].append((time.perf_counter() - t0) / n)
-            _guard_fork(pid0)
+            samples[name].append(sample(name, inner[name]))
         rounds += 1
         elapsed = time.perf_counter() - start
         if rounds >= min_rounds and (
@@ -218,25 +312,49 @@ def run_profile(job: dict[str, Any], work: Path, progress: Progress) -> dict[str
         ):
             break
     if _has_children():
-        return {"fatal": "fork", "case": case.name}
+        return {"fatal": "fork", "case": sets[0].name}
+    # The last timed call on each input set: the server compares these with the reference.
+    for index in range(len(sets)):
+        for name in sets[index].output_meta:
+            out.array(latest[index][name])
+    check = checks["candidate"]
     return {
-        "samples": samples,
         "inner": inner,
         "rounds": rounds,
         "seconds": time.perf_counter() - start,
         "cpus": sorted(os.sched_getaffinity(0)),
+        "inconsistent_calls": check.bad_calls,
+        "inconsistency": check.first_problem,
+        "inputs_modified": sorted({n for s in sets for n in s.modified_inputs()}),
+        "omp_threads": _omp_team_size(),
     }
+
+
+def _omp_team_size() -> int | None:
+    """The OpenMP team size this process would run with (what ran, not what the flags suggest)."""
+    try:
+        gomp = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+    except OSError:
+        return None  # no OpenMP runtime was loaded: the kernel is single-threaded
+    fn = gomp.omp_get_max_threads
+    fn.restype = ctypes.c_int
+    return int(fn())
 
 
 def main(argv: list[str]) -> int:
     job_path = Path(argv[1])
-    work = job_path.parent
     job = json.loads(job_path.read_text())
-    progress = Progress(work / "progress.txt")
-    result = run_test(job, work, progress) if job["mode"] == "test" else run_profile(job, work, progress)
-    tmp = work / "result.json.tmp"
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, work / "result.json")
+    fds = job["fds"]
+    out = ResultWriter(fds["result"])
+    progress = Channel(fds.get("progress"))
+    try:
+        if job["mode"] == "test":
+            result = run_test(job, job_path.parent, out, progress)
+        else:
+            result = run_profile(job, job_path.parent, out, progress, Channel(fds.get("timing"), fds.get("ack")))
+    except LoadError as exc:
+        result = {"fatal": "load_error", "message": str(exc)}
+    out.finish(result)
     return 0
 
 

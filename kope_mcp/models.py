@@ -8,7 +8,9 @@ from pydantic import BaseModel, Field
 
 from kope_mcp.hardware import HardwareProfile
 
-FailureKind = Literal["not_compiled", "crash", "timeout", "mismatch", "nan", "input_modified", "wrong_shape"]
+FailureKind = Literal["not_compiled", "crash", "timeout", "mismatch", "nan", "input_modified", "wrong_shape",
+                      "load_error"]
+ProfileFailure = Literal["wrong_at_profile_size", "crash_at_profile_size", "load_error", "timing_unverified"]
 
 
 class TaskList(BaseModel):
@@ -77,6 +79,7 @@ class CompileResult(BaseModel):
     cached: bool = Field(description="True when an identical build (same source, flags, task) was reused.")
     flags: list[str]
     parent_id: str | None = None
+    warnings: list[str] = Field(default_factory=list)
     next_step: str
 
 
@@ -103,6 +106,7 @@ class TestReport(BaseModel):
     message: str = Field(description="One paragraph: what failed, where, and a likely cause.")
     cases: list[CaseResult]
     seeds_per_case: int
+    warnings: list[str] = Field(default_factory=list)
     next_step: str
 
 
@@ -132,20 +136,29 @@ class ProfileReport(BaseModel):
     kernel_id: str
     task_id: str
     case: CaseInfo
-    kernel: TimingStats
-    baseline: TimingStats
+    failure: ProfileFailure | None = Field(None, description="Null for a measurement. wrong_at_profile_size: outputs "
+                                           "of timed calls did not match the reference (or one call did not "
+                                           "reproduce another on the same inputs); crash_at_profile_size; "
+                                           "load_error; timing_unverified: the harness's timings disagreed with "
+                                           "the trusted timekeeper. A failure carries no speedup.")
+    message: str = Field("", description="What failed, when `failure` is set.")
+    kernel: TimingStats | None = None
+    baseline: TimingStats | None = None
     baseline_is_reference: bool = Field(False, description="True for tasks without a C baseline (KernelBench "
                                         "imports): the baseline timed is the reference (PyTorch) itself.")
-    reference: TimingStats | None
-    speedup_vs_baseline: float = Field(description="Median of per-round ratios baseline/kernel (interleaved).")
-    speedup_vs_baseline_ci95: tuple[float, float]
-    speedup_vs_reference: float | None
-    gflops: float | None
-    gbytes_per_s: float | None
-    threads: int = Field(description="1, or the OpenMP thread count when compiled with -fopenmp.")
+    reference: TimingStats | None = None
+    speedup_vs_baseline: float | None = Field(None, description="Median of per-round ratios baseline/kernel "
+                                              "(interleaved).")
+    speedup_vs_baseline_ci95: tuple[float, float] | None = None
+    speedup_vs_reference: float | None = None
+    gflops: float | None = None
+    gbytes_per_s: float | None = None
+    threads: int = Field(description="1, or the OpenMP team size the harness's runtime reported.")
     pinned_cpu: int | None
     rounds: int
     measure_seconds: float
+    checked_input_sets: int = Field(0, description="Input sets rotated through the timed calls; the last timed "
+                                    "output of each was compared with the reference.")
     hardware: HardwareProfile
     warnings: list[str]
     deterministic: CostCounts | None = None

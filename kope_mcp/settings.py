@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
@@ -42,6 +43,26 @@ class KopeSettings(BaseModel):
     @property
     def builds_dir(self) -> Path:
         return self.home / "builds"
+
+    @property
+    def scratch_dir(self) -> Path:
+        return self.home / "scratch"
+
+    @property
+    def refcache_dir(self) -> Path:
+        return self.home / "refcache"
+
+    def ensure_home(self) -> list[str]:
+        """Create the home and its build cache 0700, tightening them when found looser; what was tightened."""
+        warnings = []
+        for path in (self.home, self.builds_dir, self.scratch_dir):
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            mode = stat.S_IMODE(path.stat().st_mode)
+            if mode & 0o077:
+                path.chmod(0o700)
+                warnings.append(f"{path} was mode {mode:04o} (other users could read kernels and the memory); "
+                                "it is now 0700")
+        return warnings
 
     @property
     def memory_path(self) -> Path:

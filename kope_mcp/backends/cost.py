@@ -7,6 +7,7 @@ generated C driver reads the inputs, calls ``kernel`` once, and callgrind counts
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 from dataclasses import dataclass
@@ -14,11 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from kope_mcp.sandbox import SandboxLimits, make_private_dir, run_sandboxed, scrubbed_env
+from kope_mcp.sandbox import SandboxLimits, Scratch, UntrustedFileError, read_back, run_sandboxed, scrubbed_env
 from kope_mcp.tasks.loader import Task
 from kope_mcp.tasks.spec import C_TYPES
 
 _DRIVER = "kope_driver.c"
+# valgrind reserves address space for its own heap and the shadow of the client's: far more than the kernel.
+VALGRIND_ADDRESS_SPACE = 16 * 1024**3
+_CALLGRIND_OUT_CAP = 16 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -86,32 +90,38 @@ def parse_callgrind(text: str) -> CallgrindCounts:
 
 
 def count_kernel(task: Task, library: Path, inputs: dict[str, np.ndarray], sizes: dict[str, int],
-                 compiler: str, timeout_s: float) -> CallgrindCounts | str:
+                 compiler: str, timeout_s: float, scratch_root: Path) -> CallgrindCounts | str:
     """Counts for one call, or a message saying why they could not be taken."""
-    work = make_private_dir(prefix="kope-cost-")
-    try:
+    with Scratch(scratch_root) as scratch:
+        work = scratch.run
         shutil.copyfile(library, work / "kernel.so")
         for name, arr in inputs.items():
             np.ascontiguousarray(arr).tofile(work / f"in_{name}.bin")
         (work / _DRIVER).write_text(driver_source(task, sizes))
         for path in work.iterdir():
             path.chmod(0o755)
-        limits = SandboxLimits(wall_seconds=timeout_s, cpu_seconds=int(timeout_s) + 5, address_space_bytes=None)
+        limits = SandboxLimits(wall_seconds=timeout_s, cpu_seconds=int(timeout_s) + 5,
+                               address_space_bytes=VALGRIND_ADDRESS_SPACE)
         build = run_sandboxed([compiler, "-O1", _DRIVER, "./kernel.so", "-Wl,-rpath,$ORIGIN", "-o", "driver"],
-                              cwd=work, limits=limits, env=scrubbed_env())
+                              scratch=scratch, limits=limits, env=scrubbed_env(tmpdir=scratch.inside(work)))
         if build.returncode != 0:
             return f"the measurement driver did not build: {build.stderr_tail[-500:]}"
-        run = run_sandboxed(
-            ["valgrind", "--tool=callgrind", "--toggle-collect=kernel", "--cache-sim=yes",
-             "--callgrind-out-file=callgrind.out", "./driver"],
-            cwd=work, limits=limits, env=scrubbed_env(),
-        )
-        out = work / "callgrind.out"
-        if run.signal_number == signal.SIGILL:
-            return ("valgrind cannot execute an instruction in this kernel (this valgrind does not support "
-                    "AVX-512): build without it (e.g. -march=native -mno-avx512f) for deterministic counts")
-        if run.returncode != 0 or not out.is_file():
-            return f"valgrind {run.describe()}: {run.stderr_tail[-300:]}"
-        return parse_callgrind(out.read_text())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        dir_fd = scratch.open_run_dir()
+        try:
+            run = run_sandboxed(
+                ["valgrind", "--tool=callgrind", "--toggle-collect=kernel", "--cache-sim=yes",
+                 "--callgrind-out-file=callgrind.out", "./driver"],
+                scratch=scratch, limits=limits, env=scrubbed_env(tmpdir=scratch.inside(work)),
+            )
+            if run.signal_number == signal.SIGILL:
+                return ("valgrind cannot execute an instruction in this kernel (this valgrind does not support "
+                        "AVX-512): build without it (e.g. -march=native -mno-avx512f) for deterministic counts")
+            if run.returncode != 0:
+                return f"valgrind {run.describe()}: {run.stderr_tail[-300:]}"
+            try:
+                text = read_back(dir_fd, "callgrind.out", owner=run.uid, max_bytes=_CALLGRIND_OUT_CAP)
+            except UntrustedFileError as exc:
+                return f"valgrind's output was refused: {exc}"
+        finally:
+            os.close(dir_fd)
+        return parse_callgrind(text.decode("utf-8", errors="replace"))

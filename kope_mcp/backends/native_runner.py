@@ -1,13 +1,18 @@
 """Parent side of the harness: prepare a job, run it in the sandbox, read back what the child reported.
 
-Used by every backend whose build product is a shared library exporting a C-ABI ``kernel``.
+Used by every backend whose build product is a shared library exporting a C-ABI ``kernel``. The job and its
+inputs are written into the scratch's read-only ``in/``; the child reports only through descriptors opened here
+(a memory file for outputs and the JSON trailer, one for progress markers, a pipe to the timekeeper). Nothing
+is read back from the folder the sandbox can write.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import shutil
+import struct
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +21,22 @@ from typing import Any, Literal
 import numpy as np
 
 import kope_mcp
-from kope_mcp.sandbox import SandboxLimits, SandboxResult, make_private_dir, run_sandboxed, scrubbed_env
+from kope_mcp.backends.timing import CorroboratedTimings, TimingUnverified, corroborate, parse_stamps
+from kope_mcp.harness import TRAILER_MAGIC
+from kope_mcp.sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    Scratch,
+    memory_file,
+    read_memory_file,
+    run_sandboxed,
+    scrubbed_env,
+)
 from kope_mcp.tasks.loader import Task
 
-Status = Literal["ok", "crash", "timeout", "fork"]
+Status = Literal["ok", "crash", "timeout", "fork", "load_error", "unverified"]
+_TRAILER_CAP = 4 * 1024**2
+_PROGRESS_CAP = 64 * 1024
 
 
 @dataclass
@@ -36,23 +53,42 @@ class HarnessOutcome:
     failed_case: str | None = None
     result: dict[str, Any] = field(default_factory=dict)
     outputs: list[dict[str, np.ndarray]] = field(default_factory=list)
+    timings: CorroboratedTimings | None = None
     stdout_tail: str = ""
     stderr_tail: str = ""
-    privileges_dropped: bool = False
+    uid: int | None = None
 
 
-def _package_root() -> str:
-    return str(Path(kope_mcp.__file__).resolve().parent.parent)
+@dataclass(frozen=True)
+class PythonRuntime:
+    executable: str
+    pythonpath: str
+    binds: tuple[Path, ...]
 
 
-def _write_cases(task: Task, cases: list[PreparedCase], work: Path) -> list[dict[str, Any]]:
+@functools.cache
+def python_runtime() -> PythonRuntime:
+    """The interpreter, stdlib, site-packages and kope_mcp, as real paths to bind read-only into the sandbox."""
+    exe = Path(os.path.realpath(sys.executable))
+    package = Path(kope_mcp.__file__).resolve().parent
+    # The folders this process imports its libraries from (numpy; torch for a KernelBench reference): every
+    # site-packages on sys.path, and numpy's own wherever it is. Not the rest of sys.path (a test runner puts
+    # the whole checkout there).
+    wanted = [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))]
+    wanted.append(str(Path(np.__file__).resolve().parent.parent))
+    site = [Path(p).resolve() for p in dict.fromkeys(wanted) if os.path.isdir(p)]
+    binds = {Path(sys.base_prefix).resolve(), exe.parent, package, *site}
+    return PythonRuntime(str(exe), os.pathsep.join(str(p) for p in [package.parent, *site]), tuple(sorted(binds)))
+
+
+def _write_cases(task: Task, cases: list[PreparedCase], folder: Path) -> list[dict[str, Any]]:
     specs = []
     for index, case in enumerate(cases):
         inputs = {}
         for name, arr in case.inputs.items():
             file = f"in_{index}_{name}.bin"
-            np.ascontiguousarray(arr).tofile(work / file)
-            (work / file).chmod(0o644)
+            np.ascontiguousarray(arr).tofile(folder / file)
+            (folder / file).chmod(0o644)
             inputs[name] = {"file": file, "dtype": str(arr.dtype), "shape": list(arr.shape)}
         outputs = {
             a.name: {"dtype": a.dtype, "shape": list(task.spec.shape_of(a, case.sizes))} for a in task.outputs()
@@ -63,8 +99,11 @@ def _write_cases(task: Task, cases: list[PreparedCase], work: Path) -> list[dict
     return specs
 
 
-def _classify_death(run: SandboxResult, work: Path) -> tuple[Status, str, str | None]:
-    progress = (work / "progress.txt").read_text().splitlines() if (work / "progress.txt").is_file() else []
+def _progress_lines(fd: int) -> list[str]:
+    return read_memory_file(fd, _PROGRESS_CAP).decode("utf-8", errors="replace").splitlines()
+
+
+def _classify_death(run: SandboxResult, progress: list[str]) -> tuple[Status, str, str | None]:
     last = progress[-1].split(" ", 2) if progress else []
     running = last[2] if len(last) == 3 and last[0] == "start" else (last[0] if last and last[0] in
                                                                        ("warmup", "measure") else None)
@@ -77,71 +116,180 @@ def _classify_death(run: SandboxResult, work: Path) -> tuple[Status, str, str | 
     return "crash", f"the kernel process {run.describe()}{where}", running
 
 
+class TrailerError(Exception):
+    pass
+
+
+def _split_result(data: bytes) -> tuple[bytes, dict[str, Any]]:
+    """Raw output bytes and the JSON trailer; raises TrailerError when the child left no valid one."""
+    if len(data) < 16 or data[-8:] != TRAILER_MAGIC:
+        raise TrailerError("the harness wrote no result")
+    (length,) = struct.unpack("<Q", data[-16:-8])
+    if length > min(_TRAILER_CAP, len(data) - 16):
+        raise TrailerError("the result trailer is malformed")
+    try:
+        trailer = json.loads(data[-16 - length:-16])
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise TrailerError("the result trailer is not JSON") from exc
+    if not isinstance(trailer, dict):
+        raise TrailerError("the result trailer is not an object")
+    return data[:-16 - length], trailer
+
+
+def _unpack_outputs(raw: bytes, task: Task, cases: list[PreparedCase], count: int) -> list[dict[str, np.ndarray]]:
+    """Outputs at offsets the parent computes from the task's shapes (never from what the child claims)."""
+    outputs: list[dict[str, np.ndarray]] = []
+    offset = 0
+    for case in cases[:count]:
+        loaded = {}
+        for a in task.outputs():
+            shape = task.spec.shape_of(a, case.sizes)
+            nbytes = int(np.prod(shape)) * np.dtype(a.dtype).itemsize
+            if offset + nbytes > len(raw):
+                raise TrailerError("the result holds fewer output bytes than the cases need")
+            loaded[a.name] = np.frombuffer(raw, dtype=a.dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
+            offset += nbytes
+        outputs.append(loaded)
+    if offset != len(raw):
+        raise TrailerError("the result holds more output bytes than the cases need")
+    return outputs
+
+
 class NativeRunner:
-    def __init__(self, memory_limit_bytes: int) -> None:
+    def __init__(self, memory_limit_bytes: int, scratch_root: Path) -> None:
         self.memory_limit_bytes = memory_limit_bytes
+        self.scratch_root = scratch_root
 
     def _run(self, job: dict[str, Any], cases: list[PreparedCase], task: Task, wall_s: float,
-             extra_env: dict[str, str]) -> tuple[HarnessOutcome, Path]:
-        work = make_private_dir(prefix="kope-run-")
-        job["cases"] = _write_cases(task, cases, work)
-        (work / "job.json").write_text(json.dumps(job))
-        (work / "job.json").chmod(0o644)
-        env = scrubbed_env({"PYTHONPATH": _package_root(), "KOPE_SANDBOX_DROP": "1", **extra_env})
-        run = run_sandboxed(
-            [sys.executable, "-m", "kope_mcp.harness", str(work / "job.json")],
-            cwd=work,
-            limits=SandboxLimits(wall_seconds=wall_s, cpu_seconds=int(wall_s * (os.cpu_count() or 1)) + 5,
-                                 address_space_bytes=self.memory_limit_bytes),
-            env=env,
-            switch_user=False,  # the harness drops privileges itself once it has loaded the interpreter
-        )
-        outcome = HarnessOutcome(status="ok", stdout_tail=run.stdout_tail, stderr_tail=run.stderr_tail)
-        result_file = work / "result.json"
-        if not result_file.is_file():
-            outcome.status, outcome.message, outcome.failed_case = _classify_death(run, work)
-            if run.stderr_tail.strip():
-                outcome.message += f". stderr: {run.stderr_tail.strip()[-800:]}"
-            return outcome, work
-        outcome.result = json.loads(result_file.read_text())
-        outcome.privileges_dropped = bool(outcome.result.get("privileges_dropped"))
-        if outcome.result.get("fatal") == "fork":
+             extra_env: dict[str, str], libraries: dict[str, Path], *, timing_cpu: int | None = None
+             ) -> tuple[HarnessOutcome, bytes]:
+        runtime = python_runtime()
+        result_fd, progress_fd = memory_file("result"), memory_file("progress")
+        fds = {"result": result_fd, "progress": progress_fd}
+        timekeeper: subprocess.Popen[bytes] | None = None
+        stamps_fd = write_end = ack_read = None
+        with Scratch(self.scratch_root) as scratch:
+            try:
+                job["cases"] = _write_cases(task, cases, scratch.inputs)
+                job["libraries"] = {name: scratch.place(path, f"/kope/lib/{name}.so")
+                                    for name, path in libraries.items()}
+                if job.get("task_folder"):
+                    job["task_folder"] = scratch.place(Path(job["task_folder"]), "/kope/task")
+                if job["mode"] == "profile":
+                    read_end, write_end = os.pipe()
+                    ack_read, ack_write = os.pipe()
+                    stamps_fd = memory_file("stamps")
+                    timekeeper = subprocess.Popen(
+                        [sys.executable, "-S", "-m", "kope_mcp.timekeeper",
+                         str(timing_cpu) if timing_cpu is not None else "-", str(ack_write)],
+                        stdin=read_end, stdout=stamps_fd, stderr=subprocess.DEVNULL, pass_fds=(ack_write,),
+                        env={"PYTHONPATH": runtime.pythonpath.split(os.pathsep)[0], "PATH": "/usr/bin:/bin"},
+                    )
+                    os.close(read_end)
+                    os.close(ack_write)
+                    fds["timing"], fds["ack"] = write_end, ack_read
+                job["fds"] = fds
+                job_path = scratch.inputs / "job.json"
+                job_path.write_text(json.dumps(job))
+                job_path.chmod(0o644)
+                env = scrubbed_env({"PYTHONPATH": runtime.pythonpath, "PYTHONDONTWRITEBYTECODE": "1",
+                                    **extra_env}, tmpdir=scratch.inside(scratch.run))
+                run = run_sandboxed(
+                    [runtime.executable, "-S", "-B", "-m", "kope_mcp.harness", scratch.inside(job_path)],
+                    scratch=scratch,
+                    limits=SandboxLimits(wall_seconds=wall_s, cpu_seconds=int(wall_s * (os.cpu_count() or 1)) + 5,
+                                         address_space_bytes=self.memory_limit_bytes),
+                    env=env,
+                    binds=runtime.binds,
+                    pass_fds=tuple(fds.values()),
+                )
+                outcome = HarnessOutcome(status="ok", stdout_tail=run.stdout_tail, stderr_tail=run.stderr_tail,
+                                         uid=run.uid)
+                stamps = ""
+                if timekeeper is not None and write_end is not None and stamps_fd is not None:
+                    os.close(write_end)
+                    write_end = None
+                    timekeeper.wait(timeout=30)
+                    stamps = read_memory_file(stamps_fd, 64 * 1024**2).decode("ascii", errors="replace")
+                try:
+                    raw, trailer = _split_result(read_memory_file(result_fd, 1 << 40))
+                except TrailerError:
+                    outcome.status, outcome.message, outcome.failed_case = _classify_death(
+                        run, _progress_lines(progress_fd))
+                    if run.stderr_tail.strip():
+                        outcome.message += f". stderr: {run.stderr_tail.strip()[-800:]}"
+                    return outcome, b""
+                outcome.result = trailer
+                if job["mode"] == "profile":
+                    order = [*libraries, *(["reference"] if job.get("task_folder") else [])]
+                    self._corroborate(outcome, stamps, order)
+                self._fatal(outcome)
+                return outcome, raw
+            finally:
+                for fd in (result_fd, progress_fd, write_end, stamps_fd, ack_read):
+                    if fd is not None:
+                        os.close(fd)
+                if timekeeper is not None and timekeeper.poll() is None:
+                    timekeeper.kill()
+                    timekeeper.wait()
+
+    @staticmethod
+    def _corroborate(outcome: HarnessOutcome, stamps: str, order: list[str]) -> None:
+        if outcome.result.get("fatal"):
+            return
+        try:
+            outcome.timings = corroborate(parse_stamps(stamps, order), order)
+        except TimingUnverified as exc:
+            outcome.status = "unverified"
+            outcome.message = (f"the measurement could not be corroborated: {exc}. The harness's claims and the "
+                               "trusted timekeeper's stamps disagree; nothing was recorded as a speedup")
+
+    @staticmethod
+    def _fatal(outcome: HarnessOutcome) -> None:
+        fatal = outcome.result.get("fatal")
+        if fatal == "fork":
             outcome.status = "fork"
-            outcome.failed_case = outcome.result.get("case")
+            outcome.failed_case = str(outcome.result.get("case"))
             outcome.message = ("the kernel created a child process (fork/clone); kernels must not start "
                                "processes, use OpenMP threads instead")
-        return outcome, work
+        elif fatal == "load_error":
+            outcome.status = "load_error"
+            outcome.message = f"the kernel library cannot be loaded: {str(outcome.result.get('message'))[:800]}"
 
     def run_tests(self, task: Task, library: Path, cases: list[PreparedCase], wall_s: float,
                   openmp: bool) -> HarnessOutcome:
-        job = {"mode": "test", "libraries": {"candidate": str(library)}, "args": _args(task)}
-        outcome, work = self._run(job, cases, task, wall_s, {} if openmp else {"OMP_NUM_THREADS": "1"})
-        try:
-            if outcome.status == "ok":
-                for index, case_result in enumerate(outcome.result["cases"]):
-                    loaded = {}
-                    for a in task.outputs():
-                        shape = task.spec.shape_of(a, cases[index].sizes)
-                        loaded[a.name] = np.fromfile(work / case_result["outputs"][a.name],
-                                                     dtype=a.dtype).reshape(shape)
-                    outcome.outputs.append(loaded)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        job: dict[str, Any] = {"mode": "test", "args": _args(task)}
+        outcome, raw = self._run(job, cases, task, wall_s, {} if openmp else {"OMP_NUM_THREADS": "1"},
+                                 {"candidate": library})
+        if outcome.status == "ok":
+            try:
+                reported = outcome.result.get("cases")
+                if not isinstance(reported, list) or len(reported) != len(cases):
+                    raise TrailerError("the result does not list every case")
+                outcome.outputs = _unpack_outputs(raw, task, cases, len(cases))
+            except TrailerError as exc:
+                outcome.status, outcome.message = "crash", f"the harness's result is unusable: {exc}"
         return outcome
 
-    def profile(self, task: Task, libraries: dict[str, Path], case: PreparedCase, *, time_cap_s: float,
-                with_reference: bool, openmp: bool, pin_cpu: int | None, wall_s: float) -> HarnessOutcome:
-        job = {
+    def profile(self, task: Task, libraries: dict[str, Path], sets: list[PreparedCase], *, time_cap_s: float,
+                with_reference: bool, openmp: bool, pin_cpu: int | None, timing_cpu: int | None, wall_s: float,
+                consistency: tuple[float, float]) -> HarnessOutcome:
+        job: dict[str, Any] = {
             "mode": "profile",
-            "libraries": {name: str(path) for name, path in libraries.items()},
             "args": _args(task),
             "task_folder": str(task.folder) if with_reference else None,
             "time_cap_s": time_cap_s,
             "pin_cpu": pin_cpu,
+            "consistency_atol": consistency[0],
+            "consistency_rtol": consistency[1],
         }
         env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1) if openmp else "1"}
-        outcome, work = self._run(job, [case], task, wall_s, env)
-        shutil.rmtree(work, ignore_errors=True)
+        outcome, raw = self._run(job, sets, task, wall_s, env, libraries, timing_cpu=timing_cpu)
+        if outcome.status == "ok":
+            try:
+                outcome.outputs = _unpack_outputs(raw, task, sets, len(sets))
+            except TrailerError as exc:
+                outcome.status, outcome.message = "unverified", f"the harness's result is unusable: {exc}"
         return outcome
 
 

@@ -244,6 +244,11 @@ class ExperienceMemory:
             self._record_profile(kernel_id, report)
 
     def _record_profile(self, kernel_id: str, report: ProfileReport) -> None:
+        if report.failure is not None:
+            self._record_profile_failure(kernel_id, report)
+            return
+        assert report.speedup_vs_baseline is not None and report.speedup_vs_baseline_ci95 is not None
+        assert report.kernel is not None
         attempt = self.store.attempt(kernel_id)
         ratio = step_ratio(report.speedup_vs_baseline, self._predecessor_speedup(attempt))
         noisy = any(w.startswith("noisy") for w in report.warnings)
@@ -266,6 +271,17 @@ class ExperienceMemory:
                 self._refresh_downstream(child.kernel_id)
         self._refresh_downstream(kernel_id)
         self.enqueue_embedding("attempt", kernel_id, _embedding_text(self.store.attempt(kernel_id)))
+
+    def _record_profile_failure(self, kernel_id: str, report: ProfileReport) -> None:
+        if report.failure == "timing_unverified":
+            # Nothing was measured that can be trusted: the attempt stays correct and unmeasured.
+            self._update(kernel_id, profile_warnings=[report.message[:500]])
+            return
+        # Wrong or crashing at the size that is timed: the attempt is incorrect, whatever the small cases said.
+        self._update(kernel_id, correct=False, failure=report.failure, failure_message=report.message[:2000],
+                     error_signature=failure_signature(report.failure, report.message, 0),
+                     label=label_for(True, False, None))
+        self._refresh_downstream(kernel_id)
 
     def _update(self, kernel_id: str, **fields: object) -> None:
         self.store.update_attempt(kernel_id, **fields)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -9,15 +13,17 @@ from pathlib import Path
 
 import numpy as np
 
-from kope_mcp.backends.c import CpuCBackend
+from kope_mcp.backends.c import CpuCBackend, TamperedBuildError
 from kope_mcp.backends.cost import count_kernel, valgrind_available
 from kope_mcp.backends.diagnostics import Diagnostic
-from kope_mcp.backends.native_runner import NativeRunner, PreparedCase
+from kope_mcp.backends.native_runner import HarnessOutcome, NativeRunner, PreparedCase
 from kope_mcp.errors import (
+    BuildTamperedError,
     DeterministicUnavailableError,
     FailedTestsError,
     NotCompiledError,
     NotTestedError,
+    SandboxUnavailableError,
     SourceTooLargeError,
     TaskMismatchError,
     UnknownBackendError,
@@ -33,11 +39,13 @@ from kope_mcp.models import (
     CostCounts,
     DiagnosticInfo,
     FailureKind,
+    ProfileFailure,
     ProfileReport,
     TestReport,
 )
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
+from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, unsafe_opt_out
 from kope_mcp.services.stats import paired_speedup, summarize
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tasks.loader import Task
@@ -48,6 +56,8 @@ SEEDS_PER_CASE = 2
 NOISY_RELATIVE_IQR = 0.05
 IMPLAUSIBLE_SPEEDUP = 10.0
 COST_TIMEOUT_S = 300.0
+PROFILE_INPUT_SETS = 2
+log = logging.getLogger(__name__)
 
 
 def _noop(done: float, total: float, message: str) -> None:
@@ -58,12 +68,18 @@ class Workbench:
     def __init__(self, settings: KopeSettings, tasks: TaskRegistry | None = None,
                  memory: ExperienceMemory | None = None) -> None:
         self.settings = settings
+        self.home_warnings = settings.ensure_home()
+        for warning in self.home_warnings:
+            log.warning("%s", warning)
+        if removed := remove_stale_scratch(settings.scratch_dir):
+            log.info("removed %d scratch folder(s) left by servers that are gone", removed)
         self.tasks = tasks or TaskRegistry.default(settings.home)
         self.memory = memory or ExperienceMemory(KuzuExperienceStore(settings.memory_path),
                                                  BackgroundEmbedder(settings.embeddings))
         self.store = self.memory.store
-        self.backends = {"c": CpuCBackend(settings.builds_dir, settings.compiler, settings.compile_timeout_s)}
-        self.runner = NativeRunner(settings.memory_limit_bytes)
+        self.backends = {"c": CpuCBackend(settings.builds_dir, settings.scratch_dir, settings.compiler,
+                                          settings.compile_timeout_s)}
+        self.runner = NativeRunner(settings.memory_limit_bytes, settings.scratch_dir)
         # Profiles never overlap: a second measurement on a 2-core machine would be the noisy neighbour.
         self._measure_lock = threading.Lock()
         self._expected_cache: dict[tuple[str, str, int], tuple[PreparedCase, list[np.ndarray]]] = {}
@@ -88,6 +104,7 @@ class Workbench:
         size = len(source.encode("utf-8"))
         if size > self.settings.max_source_bytes:
             raise SourceTooLargeError(size, self.settings.max_source_bytes)
+        sandbox_warnings = self._require_sandbox()
         parent = self.store.attempt(parent_id) if parent_id else None
         if parent is not None and parent.task_id != task_id:
             raise TaskMismatchError(f"parent {parent_id} is a kernel for task {parent.task_id!r}, not {task_id!r}")
@@ -128,6 +145,7 @@ class Workbench:
             cached=build.cached,
             flags=build.flags,
             parent_id=record.parent_id,
+            warnings=sandbox_warnings,
             next_step=(
                 f"call run_tests(kernel_id='{record.kernel_id}')" if build.ok else
                 f"fix the {errors or 'reported'} error(s) at the listed lines and call compile_kernel again with "
@@ -161,9 +179,10 @@ class Workbench:
             )
             self._save_test(record, report)
             return report
+        sandbox_warnings = self._require_sandbox()
         progress(0, 3, "preparing inputs and reference outputs")
         prepared = [self._prepared(task, i, s) for i in range(len(task.spec.cases)) for s in range(SEEDS_PER_CASE)]
-        build = self.backends[record.backend].artifact(record.build_hash)
+        build = self._artifact(record.backend, record.build_hash)
         progress(1, 3, f"running {len(prepared)} case runs in the sandbox")
         outcome = self.runner.run_tests(task, build, [p for p, _ in prepared], self.settings.test_timeout_s,
                                         record.uses_openmp)
@@ -171,13 +190,17 @@ class Workbench:
         if outcome.status != "ok":
             failed = outcome.failed_case
             sizes = next((c.sizes for c in task.spec.cases if c.name == failed), {})
+            failure_kind: FailureKind = ("timeout" if outcome.status == "timeout" else
+                                         "load_error" if outcome.status == "load_error" else "crash")
             report = TestReport(
                 kernel_id=kernel_id, task_id=task.id, passed=False,
-                failure="timeout" if outcome.status == "timeout" else "crash",
+                failure=failure_kind,
                 message=outcome.message,
                 cases=[CaseResult(name=failed, sizes=sizes, passed=False)] if failed else [],
-                seeds_per_case=SEEDS_PER_CASE,
-                next_step="fix the crash (check indices against the sizes in the failing case) and recompile",
+                seeds_per_case=SEEDS_PER_CASE, warnings=sandbox_warnings,
+                next_step=("the library does not load: define every function you call (or include the header "
+                           "that declares it) and recompile" if failure_kind == "load_error" else
+                           "fix the crash (check indices against the sizes in the failing case) and recompile"),
             )
             self._save_test(record, report)
             return report
@@ -196,7 +219,7 @@ class Workbench:
         report = TestReport(
             kernel_id=kernel_id, task_id=task.id, passed=passed, failure=failure,
             message=_test_message(passed, failure, cases, task),
-            cases=cases, seeds_per_case=SEEDS_PER_CASE,
+            cases=cases, seeds_per_case=SEEDS_PER_CASE, warnings=sandbox_warnings,
             next_step=(f"call profile_kernel(kernel_id='{kernel_id}')" if passed else
                        "fix the kernel (see the first bad index of the failing case) and compile it again"),
         )
@@ -210,11 +233,12 @@ class Workbench:
             raise DeterministicUnavailableError(
                 "valgrind is not installed on the server's machine; call profile_kernel with deterministic=false"
             )
-        kernel = count_kernel(task, candidate, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S)
+        kernel = count_kernel(task, candidate, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S,
+                              self.settings.scratch_dir)
         if isinstance(kernel, str):
             return kernel
-        base = count_kernel(task, baseline, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S) \
-            if baseline is not None else "no C baseline"
+        base = count_kernel(task, baseline, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S,
+                            self.settings.scratch_dir) if baseline is not None else "no C baseline"
         return CostCounts(
             tool="valgrind callgrind (--toggle-collect=kernel --cache-sim=yes)",
             instructions=kernel.instructions, data_reads=kernel.data_reads, data_writes=kernel.data_writes,
@@ -222,10 +246,46 @@ class Workbench:
             baseline_instructions=base.instructions if not isinstance(base, str) else None,
         )
 
+    def _require_sandbox(self) -> list[str]:
+        """Warnings every result carries; refuses when kernels cannot be isolated and the user did not opt out."""
+        caps = capabilities()
+        if caps.isolated:
+            return []
+        if unsafe_opt_out():
+            return [UNSAFE_WARNING]
+        raise SandboxUnavailableError(
+            f"this server cannot isolate untrusted kernels: missing {caps.missing}. `kope doctor` lists each "
+            "isolation layer. Fix that, or set KOPE_UNSAFE_NO_SANDBOX=1 for the server to run kernels with "
+            "this user's rights (every result then says so)")
+
+    def _artifact(self, backend: str, build_hash: str) -> Path:
+        try:
+            return self.backends[backend].artifact(build_hash)
+        except TamperedBuildError as exc:
+            raise BuildTamperedError(f"{exc}; it will not be loaded. Call compile_kernel again with the same "
+                                     "source to rebuild it") from exc
+
     def _save_test(self, record: AttemptRecord, report: TestReport) -> None:
         self.memory.record_test(record.kernel_id, report)
 
     # --- profile -------------------------------------------------------------------------------------------
+    def _profile_expected(self, task: Task, case: PreparedCase) -> list[np.ndarray]:
+        """The reference's outputs at the profiling size, computed once per task and input set, cached on disk."""
+        key = hashlib.sha256(json.dumps({
+            "task": task.id, "reference": task.reference_source, "sizes": case.sizes, "case": case.name,
+            "inputs": {n: hashlib.sha256(a.tobytes()).hexdigest() for n, a in sorted(case.inputs.items())},
+        }, sort_keys=True).encode()).hexdigest()[:24]
+        path = self.settings.refcache_dir / f"{task.id}-{key}.npz"
+        if path.is_file():
+            with np.load(path) as data:
+                return [data[f"out{i}"] for i in range(len(data.files))]
+        expected = task.run_reference(case.inputs, case.sizes)
+        self.settings.refcache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
+        np.savez(tmp, **{f"out{i}": arr for i, arr in enumerate(expected)})
+        os.replace(tmp, path)
+        return expected
+
     def profile_kernel(self, kernel_id: str, deterministic: bool = False, time_reference: bool = True,
                        progress: ProgressFn = _noop) -> ProfileReport:
         record = self.store.attempt(kernel_id)
@@ -237,43 +297,66 @@ class Workbench:
         if not record.test["passed"]:
             raise FailedTestsError(f"kernel {kernel_id} failed run_tests ({record.test['failure']}); only a correct "
                                    "kernel is profiled: fix it, recompile and test again")
+        sandbox_warnings = self._require_sandbox()
         task = self.tasks.get(record.task_id)
         backend = self.backends[record.backend]
-        candidate = backend.artifact(record.build_hash)
+        candidate = self._artifact(record.backend, record.build_hash)
         libraries = {"candidate": candidate}
         if task.baseline_source is not None:
             baseline = backend.compile_baseline(task)
             if baseline.artifact is None:
                 raise RuntimeError(f"the baseline of task {task.id} does not compile: {baseline.log}")
-            libraries["baseline"] = baseline.artifact
+            libraries["baseline"] = self._artifact(record.backend, baseline.build_hash)
         # Without a C baseline (a KernelBench import) the reference is the baseline, as KernelBench measures it.
         base_key = "baseline" if "baseline" in libraries else "reference"
         with_reference = time_reference or base_key == "reference"
-        sizes = task.spec.profile.sizes
-        case = PreparedCase(task.spec.profile.name, sizes, task.make_inputs(sizes, task.case_seed(task.spec.profile)))
+        profile = task.spec.profile
+        sizes = profile.sizes
+        progress(0, 3, "preparing input sets and reference outputs at the profiling size")
+        sets = [PreparedCase(f"{profile.name}#{r}", sizes, task.make_inputs(sizes, task.case_seed(profile, r)))
+                for r in range(PROFILE_INPUT_SETS)]
+        expected = [self._profile_expected(task, case) for case in sets]
         hardware = detect_hardware()
-        threads = hardware.cores if record.uses_openmp else 1
-        pin = None if record.uses_openmp else max(_allowed_cpus())
-        progress(0, 2, "waiting for the measurement slot")
+        allowed = sorted(_allowed_cpus())
+        pin = None if record.uses_openmp else allowed[-1]
+        # The timekeeper shares the kernel's CPU: woken by a marker it preempts the harness at once (outside the
+        # timed region: the harness waits for its acknowledgement before reading the clock), where on another
+        # CPU it would queue behind whatever else runs there.
+        timing_cpu = pin
+        tol = next(iter(task.spec.tolerance.values()))
+        progress(1, 3, "waiting for the measurement slot")
         queued = time.monotonic()
         with self._measure_lock:
             wait = time.monotonic() - queued
             cap = self.settings.profile_time_cap_s
             timed = "kernel, baseline and reference" if with_reference and base_key == "baseline" else \
                 "kernel and baseline"
-            progress(1, 2, f"measuring {timed} interleaved (~{cap:g} s)")
+            progress(2, 3, f"measuring {timed} interleaved (~{cap:g} s)")
             outcome = self.runner.profile(
-                task, libraries, case,
+                task, libraries, sets,
                 time_cap_s=self.settings.profile_time_cap_s, with_reference=with_reference,
-                openmp=record.uses_openmp,
-                pin_cpu=pin, wall_s=self.settings.profile_time_cap_s * 4 + 60,
+                openmp=record.uses_openmp, pin_cpu=pin, timing_cpu=timing_cpu,
+                wall_s=self.settings.profile_time_cap_s * 4 + 60, consistency=(tol.atol, tol.rtol),
             )
-            costs = self._deterministic_costs(task, candidate, libraries.get("baseline"), case) \
-                if deterministic else None
-        if outcome.status != "ok":
-            raise FailedTestsError(f"kernel {kernel_id} failed at the profiling size {sizes}: {outcome.message}. "
-                                   "It passed the small test cases; check indexing for large sizes")
-        samples, inner = outcome.result["samples"], outcome.result["inner"]
+            costs = self._deterministic_costs(task, candidate, libraries.get("baseline"), sets[0]) \
+                if deterministic and outcome.status == "ok" else None
+        failure, message = self._profile_failure(task, outcome, sets, expected)
+        if failure is not None:
+            report = ProfileReport(
+                kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),
+                failure=failure, message=message, hardware=hardware, warnings=sandbox_warnings,
+                threads=1, pinned_cpu=pin, rounds=0, measure_seconds=0.0,
+                next_step=("the measurement could not be corroborated: profile again on a quieter machine"
+                           if failure == "timing_unverified" else
+                           "the kernel is wrong or crashes at the profiling size although it passed the small "
+                           "cases: make it correct for every size (no special cases by size or by pointer), "
+                           "recompile and test again"),
+            )
+            self.memory.record_profile(kernel_id, report)
+            progress(3, 3, f"failed: {failure}")
+            return report
+        assert outcome.timings is not None
+        samples, inner = outcome.timings.samples, outcome.timings.inner
         kernel_stats = summarize(samples["candidate"], inner["candidate"])
         base_stats = summarize(samples[base_key], inner[base_key])
         ref_stats = summarize(samples["reference"], inner["reference"]) if "reference" in samples else None
@@ -281,21 +364,24 @@ class Workbench:
         speedup_ref = paired_speedup(samples["reference"], samples["candidate"])[0] if ref_stats else None
         flops, nbytes = task.spec.flop_count(sizes), task.spec.byte_count(sizes)
         median = kernel_stats.median_s
+        threads = int(outcome.result.get("omp_threads") or 1) if record.uses_openmp else 1
         warnings = _profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
                                      nbytes, median, threads, hardware, naive_baseline=base_key == "baseline")
+        warnings += sandbox_warnings
         if isinstance(costs, str):
             warnings.append(f"no deterministic counts: {costs}")
         if wait > 0.05:
             warnings.append(f"waited {wait:.1f} s for another profile to finish (profiles never overlap)")
         report = ProfileReport(
-            kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=case.name, sizes=sizes),
+            kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),
             kernel=kernel_stats, baseline=base_stats, baseline_is_reference=base_key == "reference",
             reference=ref_stats,
             speedup_vs_baseline=speedup, speedup_vs_baseline_ci95=speedup_ci, speedup_vs_reference=speedup_ref,
             gflops=flops / median / 1e9 if flops else None, gbytes_per_s=nbytes / median / 1e9 if nbytes else None,
-            threads=threads, pinned_cpu=pin, rounds=outcome.result["rounds"],
-            measure_seconds=round(outcome.result["seconds"], 3), hardware=hardware, warnings=warnings,
-            deterministic=costs if isinstance(costs, CostCounts) else None,
+            threads=threads, pinned_cpu=pin, rounds=int(outcome.result.get("rounds", 0)),
+            measure_seconds=round(float(outcome.result.get("seconds", 0.0)), 3), hardware=hardware,
+            warnings=warnings, deterministic=costs if isinstance(costs, CostCounts) else None,
+            checked_input_sets=len(sets),
             next_step=(
                 "record what you tried; try the next optimisation and compile it with parent_id="
                 f"'{kernel_id}'" if speedup >= 1.0 else
@@ -303,8 +389,38 @@ class Workbench:
             ),
         )
         self.memory.record_profile(kernel_id, report)
-        progress(2, 2, f"speedup vs baseline {speedup:.2f}x")
+        progress(3, 3, f"speedup vs baseline {speedup:.2f}x")
         return report
+
+    def _profile_failure(self, task: Task, outcome: HarnessOutcome, sets: list[PreparedCase],
+                         expected: list[list[np.ndarray]]) -> tuple[ProfileFailure | None, str]:
+        sizes = sets[0].sizes
+        if outcome.status == "unverified":
+            return "timing_unverified", outcome.message
+        if outcome.status == "load_error":
+            return "load_error", outcome.message
+        if outcome.status != "ok":
+            return "crash_at_profile_size", f"at the profiling size {sizes}: {outcome.message}"
+        if outcome.result.get("inconsistent_calls"):
+            return "wrong_at_profile_size", (
+                f"{outcome.result['inconsistent_calls']} timed call(s) at the profiling size {sizes} did not "
+                f"reproduce the kernel's own result on the same inputs ({outcome.result.get('inconsistency')}): "
+                "a kernel must compute every call in full (no caching by pointer, no skipping outputs that "
+                "look written)")
+        if outcome.result.get("inputs_modified"):
+            return "wrong_at_profile_size", (f"the kernel wrote into input(s) {outcome.result['inputs_modified']} "
+                                             f"at the profiling size {sizes}: inputs are read-only")
+        names = [a.name for a in task.outputs()]
+        for case, got, exp in zip(sets, outcome.outputs, expected, strict=True):
+            result, failure = judge_case(case.name, case.sizes, got, exp, names, task.spec.tolerance, [])
+            if failure is not None:
+                where = (f"; {result.mismatches} element(s) wrong, first at flat index {result.first_bad_index} of "
+                         f"{result.first_bad_output!r} (expected {result.expected}, got "
+                         f"{'NaN' if result.got is None else result.got})") if result.mismatches else ""
+                return "wrong_at_profile_size", (
+                    f"the outputs of timed calls at the profiling size {sizes} do not match the reference"
+                    f"{where}; the small test cases passed, so look for size-dependent paths")
+        return None, ""
 
 
 def _digest(diagnostics: list[Diagnostic]) -> str:
@@ -314,8 +430,6 @@ def _digest(diagnostics: list[Diagnostic]) -> str:
 
 
 def _allowed_cpus() -> set[int]:
-    import os
-
     return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
 
 

@@ -2,14 +2,14 @@ from pathlib import Path
 
 import pytest
 
-from kope_mcp.backends.c import CpuCBackend
+from kope_mcp.backends.c import CpuCBackend, TamperedBuildError
 from kope_mcp.sandbox import capabilities
 from tests.conftest import VECTOR_ADD_OK
 
 
 @pytest.fixture
 def backend(tmp_path: Path) -> CpuCBackend:
-    return CpuCBackend(tmp_path / "builds")
+    return CpuCBackend(tmp_path / "builds", tmp_path / "scratch")
 
 
 def test_same_source_and_flags_is_a_cache_hit_and_other_flags_are_not(backend, registry):
@@ -43,11 +43,30 @@ def test_a_source_without_kernel_is_an_error(backend, registry):
     assert any("does not define a function named `kernel`" in d.message for d in result.diagnostics)
 
 
-@pytest.mark.skipif(not capabilities().privilege_drop, reason="needs root to compile as 'nobody'")
-def test_the_compiler_cannot_read_private_files(backend, registry, tmp_path):
+@pytest.mark.skipif(not capabilities().isolated, reason="needs the sandbox")
+def test_the_compiler_cannot_see_the_servers_files(backend, registry, tmp_path):
     secret = tmp_path / "secret.h"
     secret.write_text("#define SECRET 42\n")
-    secret.chmod(0o600)
     result = backend.compile(registry.get("vector_add"), f'#include "{secret}"\n' + VECTOR_ADD_OK)
     assert not result.ok
-    assert any("Permission denied" in d.message for d in result.diagnostics)
+    assert any("No such file" in d.message for d in result.diagnostics)
+
+
+def test_a_call_to_an_undeclared_function_is_a_compile_error_at_its_line(backend, registry):
+    source = VECTOR_ADD_OK.replace("out[i] = a[i] + b[i];", "out[i] = a[i] + b[i];\n    helper_nobody_defines(out);")
+    result = backend.compile(registry.get("vector_add"), source)
+    assert not result.ok
+    assert any(d.severity == "error" and d.line == 5 and "helper_nobody_defines" in d.message
+               for d in result.diagnostics)
+
+
+def test_a_cached_library_that_changed_is_rebuilt_not_loaded(backend, registry):
+    task = registry.get("vector_add")
+    first = backend.compile(task, VECTOR_ADD_OK)
+    assert first.ok and first.artifact is not None and first.sha256
+    first.artifact.write_bytes(b"\x7fELF forged")
+    with pytest.raises(TamperedBuildError):
+        backend.artifact(first.build_hash)
+    again = backend.compile(task, VECTOR_ADD_OK)
+    assert again.ok and not again.cached and again.sha256 == first.sha256
+    assert backend.artifact(again.build_hash).read_bytes() != b"\x7fELF forged"

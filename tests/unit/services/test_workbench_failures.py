@@ -112,7 +112,7 @@ def test_an_output_flood_is_stopped(workbench):
     assert report.failure in ("crash", "timeout")
 
 
-@pytest.mark.skipif(not capabilities().network_isolation, reason="needs `unshare --net`")
+@pytest.mark.skipif(not capabilities().isolated, reason="needs the sandbox")
 def test_kernels_have_no_network(workbench):
     prelude = "#include <sys/socket.h>\n#include <netinet/in.h>\n#include <arpa/inet.h>\n"
     body = """
@@ -126,7 +126,7 @@ def test_kernels_have_no_network(workbench):
     assert compile_and_test(workbench, vector_add_with_body(body, prelude)).passed
 
 
-@pytest.mark.skipif(not capabilities().privilege_drop, reason="needs root to run kernels as 'nobody'")
+@pytest.mark.skipif(not capabilities().isolated, reason="needs the sandbox")
 def test_kernels_cannot_write_the_servers_files(workbench):
     target = workbench.settings.home / "owned-by-kernel"
     body = f"""

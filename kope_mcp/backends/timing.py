@@ -1,0 +1,115 @@
+"""Corroborate the harness's timings with the timekeeper's stamps; refuse what cannot be corroborated.
+
+The harness writes ``B <impl>`` before every timed batch and waits for the timekeeper's acknowledgement, then
+reads ``CLOCK_MONOTONIC`` (t0), makes its calls, reads it again (t1) and writes ``E <impl> <calls> <t0> <t1>``;
+``M`` marks the end of the warm-up. The timekeeper, a trusted process outside the sandbox, prefixes each line
+with the monotonic time it arrived. A kernel shares the harness's process and could write anything into the
+pipe, so:
+
+- the stream must be exactly the protocol (B and E alternate, same implementation, sane numbers), and the
+  measured batches must follow the harness's schedule exactly: every round times each implementation once, in
+  the order rotated by one per round (a kernel that slips in an extra, empty batch of its own breaks it);
+- every claimed interval must lie inside its stamped one (``stamp(B) <= t0 <= t1 <= stamp(E)``): the
+  acknowledgement makes this hold for any honest batch however late the timekeeper was scheduled, so a claim
+  outside it is a forgery (the baseline made to look slower than it ran, say);
+- the part of the stamped window a claim leaves out (wake-ups and pipe writes) must be about the same for every
+  implementation, which are interleaved: a kernel that claims to start later or end earlier than it did
+  leaves out more. The difference of the medians may not exceed 3% of the implementation's median batch or
+  0.25 ms, whichever is larger; that is all a forger can gain. (Measured here: 50-130 µs left out, medians
+  within 70 µs of each other, with both CPUs busy too, because the timekeeper shares the kernel's CPU.)
+
+The samples reported are the harness's own clock readings, once corroborated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RELATIVE_TOLERANCE = 0.03
+ABSOLUTE_TOLERANCE_S = 250e-6
+
+
+class TimingUnverified(Exception):
+    """The stamps do not corroborate the harness's claims."""
+
+
+@dataclass
+class Batch:
+    impl: str
+    calls: int
+    claimed_s: float
+    stamped_s: float
+    left_out_s: float  # the stamped window minus the claim
+
+
+@dataclass
+class CorroboratedTimings:
+    samples: dict[str, list[float]] = field(default_factory=dict)  # seconds per call, one per batch
+    stamped: dict[str, list[float]] = field(default_factory=dict)
+    inner: dict[str, int] = field(default_factory=dict)
+
+
+def parse_stamps(text: str, impls: list[str]) -> list[Batch]:
+    """The measured batches (after ``M``); raises TimingUnverified when the stream breaks the protocol."""
+    batches: list[Batch] = []
+    open_batch: tuple[str, int] | None = None
+    measuring = False
+    for number, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if len(parts) < 2 or not parts[0].isdigit():
+            raise TimingUnverified(f"line {number} of the timing stream is not a stamped marker")
+        stamp, kind = int(parts[0]), parts[1]
+        if kind == "M" and len(parts) == 2 and open_batch is None and not measuring:
+            measuring = True
+        elif kind == "B" and len(parts) == 3 and parts[2] in impls and open_batch is None:
+            open_batch = (parts[2], stamp)
+        elif kind == "E" and len(parts) == 6 and open_batch is not None and parts[2] == open_batch[0]:
+            try:
+                calls, t0, t1 = int(parts[3]), int(parts[4]), int(parts[5])
+            except ValueError as exc:
+                raise TimingUnverified(f"line {number}: malformed batch end") from exc
+            if calls < 1 or not open_batch[1] <= t0 <= t1 <= stamp:
+                raise TimingUnverified(f"line {number}: a batch of {parts[2]!r} claims an interval outside the "
+                                       "one the timekeeper stamped")
+            if measuring:
+                stamped = stamp - open_batch[1]
+                batches.append(Batch(open_batch[0], calls, (t1 - t0) / 1e9, stamped / 1e9,
+                                     (stamped - (t1 - t0)) / 1e9))
+            open_batch = None
+        else:
+            raise TimingUnverified(f"line {number} of the timing stream breaks the protocol: {line[:80]!r}")
+    if open_batch is not None:
+        raise TimingUnverified("the timing stream ends inside a batch")
+    return batches
+
+
+def schedule(order: list[str], rounds: int) -> list[str]:
+    """The implementation timed at each batch: every round rotates the order by one."""
+    return [name for r in range(rounds) for name in order[r % len(order):] + order[: r % len(order)]]
+
+
+def corroborate(batches: list[Batch], order: list[str]) -> CorroboratedTimings:
+    """``order``: the implementations in the harness's order (candidate, baseline?, reference?)."""
+    rounds, extra = divmod(len(batches), len(order))
+    if rounds == 0 or extra or [b.impl for b in batches] != schedule(order, rounds):
+        raise TimingUnverified("the timed batches do not follow the harness's schedule")
+    result = CorroboratedTimings()
+    left_out = {impl: float(np.median([b.left_out_s for b in batches if b.impl == impl])) for impl in order}
+    least = min(left_out.values())
+    for impl in order:
+        mine = [b for b in batches if b.impl == impl]
+        if len({b.calls for b in mine}) != 1:
+            raise TimingUnverified(f"{impl!r} changed its calls per batch during the measurement")
+        claimed = float(np.median([b.claimed_s for b in mine]))
+        if left_out[impl] - least > max(RELATIVE_TOLERANCE * claimed, ABSOLUTE_TOLERANCE_S):
+            raise TimingUnverified(
+                f"{impl!r}: its claims leave {left_out[impl] * 1e3:.3f} ms of the stamped batch unaccounted for "
+                f"(median), against {least * 1e3:.3f} ms for the others; median claimed batch "
+                f"{claimed * 1e3:.3f} ms"
+            )
+        result.samples[impl] = [b.claimed_s / b.calls for b in mine]
+        result.stamped[impl] = [b.stamped_s / b.calls for b in mine]
+        result.inner[impl] = mine[0].calls
+    return result

@@ -1,0 +1,144 @@
+"""The sandbox layer on its own: identity, capabilities, mounts, limits and the safe read-back."""
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from kope_mcp.sandbox import (
+    RUN_UID_BASE,
+    SandboxLimits,
+    Scratch,
+    UntrustedFileError,
+    capabilities,
+    read_back,
+    remove_stale_scratch,
+    run_sandboxed,
+    scrubbed_env,
+)
+
+needs_sandbox = pytest.mark.skipif(not capabilities().isolated, reason="no isolation on this machine")
+LIMITS = SandboxLimits(wall_seconds=20, cpu_seconds=20)
+
+
+def sh(scratch: Scratch, script: str, **kwargs):
+    return run_sandboxed(["/bin/sh", "-c", script], scratch=scratch, limits=kwargs.pop("limits", LIMITS),
+                         env=scrubbed_env(), **kwargs)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path):
+    with Scratch(tmp_path / "scratch") as s:
+        yield s
+
+
+@needs_sandbox
+def test_a_run_has_no_capabilities_and_no_new_privileges(scratch):
+    run = sh(scratch, "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status")
+    fields = dict(line.split(":\t") for line in run.stdout_tail.splitlines())
+    assert fields["NoNewPrivs"] == "1"
+    assert all(int(fields[k], 16) == 0 for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")), fields
+
+
+@needs_sandbox
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root server gives each run its own uid")
+def test_every_run_of_a_root_server_has_its_own_uid(tmp_path):
+    uids = set()
+    for _ in range(3):
+        with Scratch(tmp_path / "scratch") as s:
+            uids.add(int(sh(s, "id -u").stdout_tail))
+    assert len(uids) == 3 and all(uid > RUN_UID_BASE for uid in uids)
+
+
+@needs_sandbox
+def test_only_the_run_directory_is_writable_and_the_host_is_invisible(scratch, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("s3cret")
+    script = (f"cat {secret}; ls /home /root/.ssh; touch /usr/x /etc/x; "
+              f"echo ok > mine && cat /kope/run/mine; ls {scratch.path} {tmp_path}; ls /proc | grep -c '^[0-9]'")
+    run = sh(scratch, script)
+    assert "s3cret" not in run.stdout_tail
+    assert "No such file" in run.stderr_tail and "Read-only file system" in run.stderr_tail
+    assert "ok" in run.stdout_tail and (scratch.run / "mine").read_text() == "ok\n"
+    # Not even where the server keeps its scratch space is visible.
+    assert run.stderr_tail.count("No such file") >= 4
+    # A fresh /proc: the shell, its command and the sandbox's init, not the host's processes.
+    assert int(run.stdout_tail.split()[-1]) <= 4
+
+
+@needs_sandbox
+def test_there_is_no_network_not_even_loopback(scratch):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    script = ("python3 -c \"import socket,sys; s=socket.socket(); "
+              f"sys.exit(0 if s.connect_ex(('127.0.0.1', {port})) else 7)\"")
+    try:
+        run = sh(scratch, script)
+    finally:
+        listener.close()
+    assert run.returncode == 0, run.stderr_tail
+
+
+@needs_sandbox
+def test_rlimits_cannot_be_raised(scratch):
+    run = sh(scratch, "ulimit -H -v unlimited && echo raised; ulimit -H -v")
+    assert "raised" not in run.stdout_tail
+    assert str(LIMITS.address_space_bytes // 1024) in run.stdout_tail
+
+
+@needs_sandbox
+def test_nothing_started_in_a_run_outlives_it(scratch, tmp_path):
+    marker = f"kope-survivor-{os.getpid()}"
+    sh(scratch, f"(setsid sh -c 'exec -a {marker} sleep 30' &) ; sleep 0.2")
+    survivors = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(marker)]
+    assert survivors == []
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_read_back_refuses_links_fifos_strangers_and_oversize_files(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (tmp_path / "token").write_text("secret-token")
+    (folder / "link").symlink_to(tmp_path / "token")
+    os.mkfifo(folder / "fifo")
+    (folder / "big").write_bytes(b"x" * 100)
+    (folder / "good").write_bytes(b"library")
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        me = os.geteuid()
+        assert read_back(fd, "good", owner=me, max_bytes=100) == b"library"
+        for name, owner, cap, reason in [("link", me, 100, "link"), ("fifo", me, 100, "not a regular"),
+                                         ("big", me, 10, "cap"), ("good", me + 1, 100, "owned by"),
+                                         ("absent", me, 100, "not produced")]:
+            with pytest.raises(UntrustedFileError, match=reason):
+                read_back(fd, name, owner=owner, max_bytes=cap)
+    finally:
+        os.close(fd)
+
+
+def test_scratch_folders_of_dead_servers_are_removed_and_live_ones_kept(tmp_path):
+    root = tmp_path / "scratch"
+    root.mkdir()
+    dead = root / "999999999-abc"
+    (dead / "run" / "locked").mkdir(parents=True)
+    (dead / "run" / "locked").chmod(0)
+    live = root / f"{os.getppid()}-def"
+    live.mkdir()
+    assert remove_stale_scratch(root) == 1
+    assert not dead.exists() and live.exists()
+
+
+def test_a_scratch_folder_is_private_to_the_server(tmp_path):
+    with Scratch(tmp_path / "scratch") as s:
+        assert stat.S_IMODE(s.path.stat().st_mode) == 0o700
+        assert stat.S_IMODE(s.run.stat().st_mode) == 0o700
