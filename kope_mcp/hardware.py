@@ -134,3 +134,12 @@ def copy_bandwidth_gbps() -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t0)
     return 2 * src.nbytes / best / 1e9
+
+
+def peak_gflops(profile: HardwareProfile, threads: int) -> float:
+    """An upper bound on float32 GFLOP/s: threads x a generous 5 GHz x FMA lanes x 2 FMA units x 2 flops.
+
+    Not a prediction: a kernel reported above it did not do the work it claims (the roofline's compute side).
+    """
+    lanes = 16 if "avx512f" in profile.isa else 8 if "avx" in profile.isa else 4
+    return threads * 5.0 * lanes * 2 * 2

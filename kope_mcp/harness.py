@@ -266,15 +266,15 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         k = counter[0]
         counter[0] += 1
         chosen = [(k + j) % len(sets) for j in range(n)]
+        calls: list[tuple[Any, list[Any], dict[str, Any]]]
         if name == "reference":
-            calls = [(lambda s=sets[i]: reference(**s.reference_kwargs())) for i in chosen]
+            calls = [(reference, [], sets[i].reference_kwargs()) for i in chosen]
         else:
-            fn = impls[name]
-            calls = [(lambda f=fn, a=sets[i].call_args(bufs[j]): f(*a)) for j, i in enumerate(chosen)]
+            calls = [(impls[name], sets[i].call_args(bufs[j]), {}) for j, i in enumerate(chosen)]
         timing.begin(name)
         t0 = time.monotonic_ns()
-        for call in calls:
-            call()
+        for fn, args, kwargs in calls:
+            fn(*args, **kwargs)
         t1 = time.monotonic_ns()
         timing.mark(f"E {name} {n} {t0} {t1}")
         seconds = (t1 - t0) / 1e9

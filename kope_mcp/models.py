@@ -106,6 +106,8 @@ class TestReport(BaseModel):
     message: str = Field(description="One paragraph: what failed, where, and a likely cause.")
     cases: list[CaseResult]
     seeds_per_case: int
+    drawn_case_seed: int | None = Field(None, description="Seed of the case drawn for this run near the profiling "
+                                        "size (its name starts with 'drawn_'; get_task does not list it).")
     warnings: list[str] = Field(default_factory=list)
     next_step: str
 
@@ -161,6 +163,9 @@ class ProfileReport(BaseModel):
                                     "output of each was compared with the reference.")
     hardware: HardwareProfile
     warnings: list[str]
+    suspect: bool = Field(False, description="The result tripped an integrity check (a CI that contains 1, a rate "
+                          "above the machine's roofline): recorded, but never offered to anyone as a win.")
+    suspect_reasons: list[str] = Field(default_factory=list)
     deterministic: CostCounts | None = None
     next_step: str
 

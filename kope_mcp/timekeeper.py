@@ -12,6 +12,7 @@ Only the standard library: it starts in ~20 ms.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -23,10 +24,8 @@ def main(argv: list[str]) -> int:
     ack = int(argv[2]) if len(argv) > 2 else None
     if len(argv) > 1 and argv[1].isdigit() and hasattr(os, "sched_setaffinity"):
         # The kernel's own CPU: see Workbench.profile_kernel for why.
-        try:
+        with contextlib.suppress(OSError):
             os.sched_setaffinity(0, {int(argv[1])})
-        except OSError:
-            pass
     pending = b""
     while True:
         chunk = os.read(0, 65536)

@@ -21,7 +21,15 @@ from pathlib import Path
 
 from kope_mcp.backends.diagnostics import Diagnostic, parse_diagnostics
 from kope_mcp.backends.flags import validate_flags
-from kope_mcp.sandbox import SANDBOX_RUN, SandboxLimits, Scratch, UntrustedFileError, read_back, run_sandboxed, scrubbed_env
+from kope_mcp.sandbox import (
+    SANDBOX_RUN,
+    SandboxLimits,
+    Scratch,
+    UntrustedFileError,
+    read_back,
+    run_sandboxed,
+    scrubbed_env,
+)
 from kope_mcp.tasks.loader import Task
 
 SOURCE_NAME = "kernel.c"

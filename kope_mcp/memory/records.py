@@ -65,6 +65,8 @@ class AttemptRecord(BaseModel):
     confidence: float = 0.0
     downstream: float = 0.0
     profile_warnings: list[str] = Field(default_factory=list)
+    suspect: bool = Field(False, description="The measurement tripped an integrity check: never taught as a win.")
+    suspect_reason: str = ""
 
     @property
     def test(self) -> dict[str, object] | None:

@@ -11,7 +11,8 @@ from typing import Any
 
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord
 
-ATTEMPT_COLUMNS: dict[str, str] = {
+# The Attempt table as migration 1 created it; later columns come from their own migrations (store.py).
+ATTEMPT_COLUMNS_V1: dict[str, str] = {
     "kernel_id": "STRING", "session_id": "STRING", "task_id": "STRING", "family": "STRING",
     "hardware_key": "STRING", "backend": "STRING", "build_hash": "STRING", "source": "STRING",
     "source_hash": "STRING", "flags": "STRING", "ok": "BOOLEAN", "uses_openmp": "BOOLEAN", "parent_id": "STRING",
@@ -22,6 +23,9 @@ ATTEMPT_COLUMNS: dict[str, str] = {
     "speedup_ci_low": "DOUBLE", "speedup_vs_reference": "DOUBLE", "step_ratio": "DOUBLE", "label": "STRING",
     "confidence": "DOUBLE", "downstream": "DOUBLE", "profile_warnings": "STRING", "search_text": "STRING",
 }
+# Migration 2: a measurement that tripped an integrity check is never taught as a win.
+ATTEMPT_COLUMNS_V2: dict[str, tuple[str, str]] = {"suspect": ("BOOLEAN", "false"), "suspect_reason": ("STRING", "''")}
+ATTEMPT_COLUMNS: dict[str, str] = {**ATTEMPT_COLUMNS_V1, **{k: t for k, (t, _) in ATTEMPT_COLUMNS_V2.items()}}
 LESSON_COLUMNS: dict[str, str] = {
     "lesson_id": "STRING", "text": "STRING", "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING",
     "rationale": "STRING", "task_id": "STRING", "family": "STRING", "hardware_key": "STRING",

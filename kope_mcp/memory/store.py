@@ -23,6 +23,8 @@ from kope_mcp.errors import UnknownExperienceError, UnknownKernelError, UnknownS
 from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
 from kope_mcp.memory.rows import (
     ATTEMPT_COLUMNS,
+    ATTEMPT_COLUMNS_V1,
+    ATTEMPT_COLUMNS_V2,
     JSON_FIELDS,
     LESSON_COLUMNS,
     attempt_from_row,
@@ -52,7 +54,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "CREATE NODE TABLE Session(session_id STRING, task_id STRING, hardware_key STRING, agent_name STRING, "
         "agent_version STRING, agent_label STRING, created_at STRING, incumbent_id STRING, "
         "incumbent_speedup DOUBLE, PRIMARY KEY (session_id))",
-        _table("Attempt", ATTEMPT_COLUMNS, "kernel_id"),
+        _table("Attempt", ATTEMPT_COLUMNS_V1, "kernel_id"),
         "CREATE NODE TABLE Strategy(strategy_id STRING, name STRING, key STRING, created_at STRING, "
         "PRIMARY KEY (strategy_id))",
         _table("Lesson", LESSON_COLUMNS, "lesson_id"),
@@ -69,6 +71,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # graph filters already cover), and an FTS index over every attempt cost ~30 ms per query at 100k.
         "CALL CREATE_FTS_INDEX('Strategy', 'strategy_fts', ['name'])",
         "CALL CREATE_FTS_INDEX('Lesson', 'lesson_fts', ['search_text'])",
+    ]),
+    (2, "suspect measurements", [
+        f"ALTER TABLE Attempt ADD {name} {typ} DEFAULT {default}" for name, (typ, default) in ATTEMPT_COLUMNS_V2.items()
     ]),
 ]
 

@@ -104,6 +104,9 @@ class ExperienceService:
             measured = attempt.speedup is not None or attempt.tested or not attempt.ok
             confidence = attempt.confidence if attempt.speedup is not None else (0.8 if measured else 0.5)
             label, verified = attempt.label, measured
+            if attempt.suspect:
+                # A lesson cannot launder a suspect measurement into a verified win.
+                label, verified, confidence = "lesson", False, UNVERIFIED_CONFIDENCE
         else:
             label, verified, confidence = "lesson", False, UNVERIFIED_CONFIDENCE
         family = self.tasks.get(task_id).spec.family if task_id else None
@@ -310,8 +313,8 @@ class ExperienceService:
                 kind: Kind = "fix"
             elif not rec.ok or rec.correct is False or rec.label in ("negative", "ineffective"):
                 kind = "pitfall"
-            elif rec.label in ("effective", "partial"):
-                kind = "case"
+            elif rec.label in ("effective", "partial") and not rec.suspect:
+                kind = "case"  # a suspect measurement is never offered as what worked
             else:
                 continue  # compiled but never measured: nothing to learn from yet
             found[kid] = Candidate(kind=kind, item_id=kid, attempt=rec, fix=fixes.get(kid),

@@ -343,6 +343,9 @@ def _write_task(folder: Path, task_id: str, plan: _Plan, sizes_of_slot: dict[tup
     profile = _size_values(plan, trace, plan.base, sizes_of_slot)
     lines.append(f'profile = {{ name = "profile_scaled_1_{2 ** plan.shift}", sizes = {_inline(profile, size_args)} }}')
     lines.append(f"tolerance = {{ {out.dtype} = {{ atol = {tolerance}, rtol = {tolerance} }} }}")
+    # Sizes of a KernelBench problem depend on each other (an output extent is length - kernel_size + 1):
+    # run_tests cannot draw them independently; profile_kernel still checks the profiling size.
+    lines.append("drawn_cases = false")
     (folder / "task.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     non_outputs = [s.name for s in [*trace.inputs, *trace.params]] + size_args

@@ -257,11 +257,12 @@ class ExperienceMemory:
             kernel_id, median_s=report.kernel.median_s, speedup=report.speedup_vs_baseline,
             speedup_ci_low=report.speedup_vs_baseline_ci95[0], speedup_vs_reference=report.speedup_vs_reference,
             step_ratio=ratio, label=label_for(True, True, ratio), confidence=confidence,
-            profile_warnings=report.warnings,
+            profile_warnings=report.warnings, suspect=report.suspect, suspect_reason="; ".join(report.suspect_reasons),
         )
         session = self.store.session(attempt.session_id)
         # Only a correct candidate that is measurably faster replaces the incumbent.
-        if session.incumbent_speedup is None or report.speedup_vs_baseline_ci95[0] > session.incumbent_speedup:
+        if not report.suspect and (session.incumbent_speedup is None
+                                   or report.speedup_vs_baseline_ci95[0] > session.incumbent_speedup):
             self.store.set_incumbent(session.session_id, kernel_id, report.speedup_vs_baseline)
         for child in self.store.successors(kernel_id):
             if child.speedup is not None:

@@ -6,9 +6,11 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,13 @@ from kope_mcp.errors import (
     TaskMismatchError,
     UnknownBackendError,
 )
-from kope_mcp.hardware import HardwareProfile, copy_bandwidth_gbps, detect_hardware, last_level_cache_bytes
+from kope_mcp.hardware import (
+    HardwareProfile,
+    copy_bandwidth_gbps,
+    detect_hardware,
+    last_level_cache_bytes,
+    peak_gflops,
+)
 from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.records import AgentInfo, AttemptRecord
 from kope_mcp.memory.store import KuzuExperienceStore
@@ -43,13 +51,15 @@ from kope_mcp.models import (
     ProfileReport,
     TestReport,
 )
+from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, unsafe_opt_out
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
-from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, unsafe_opt_out
 from kope_mcp.services.stats import paired_speedup, summarize
 from kope_mcp.settings import KopeSettings
+from kope_mcp.tasks.drawn import draw_case
 from kope_mcp.tasks.loader import Task
 from kope_mcp.tasks.registry import TaskRegistry
+from kope_mcp.tasks.spec import CaseSpec
 
 ProgressFn = Callable[[float, float, str], None]
 SEEDS_PER_CASE = 2
@@ -58,6 +68,15 @@ IMPLAUSIBLE_SPEEDUP = 10.0
 COST_TIMEOUT_S = 300.0
 PROFILE_INPUT_SETS = 2
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One case run of run_tests: its inputs, the reference's outputs, and the case it came from."""
+
+    case: PreparedCase
+    expected: list[np.ndarray]
+    spec: CaseSpec
 
 
 def _noop(done: float, total: float, message: str) -> None:
@@ -82,7 +101,7 @@ class Workbench:
         self.runner = NativeRunner(settings.memory_limit_bytes, settings.scratch_dir)
         # Profiles never overlap: a second measurement on a 2-core machine would be the noisy neighbour.
         self._measure_lock = threading.Lock()
-        self._expected_cache: dict[tuple[str, str, int], tuple[PreparedCase, list[np.ndarray]]] = {}
+        self._expected_cache: dict[tuple[str, str, int], Prepared] = {}
         self._cache_lock = threading.Lock()
 
     # --- compile -------------------------------------------------------------------------------------------
@@ -154,18 +173,18 @@ class Workbench:
         )
 
     # --- test ----------------------------------------------------------------------------------------------
-    def _prepared(self, task: Task, case_index: int, seed: int) -> tuple[PreparedCase, list[np.ndarray]]:
-        key = (task.id, task.spec.cases[case_index].name, seed)
+    def _prepared(self, task: Task, case: CaseSpec, seed: int, *, cache: bool = True) -> Prepared:
+        key = (task.id, case.name, seed)
         with self._cache_lock:
-            hit = self._expected_cache.get(key)
+            hit = self._expected_cache.get(key) if cache else None
         if hit is not None:
             return hit
-        case = task.spec.cases[case_index]
-        inputs = task.make_inputs(case.sizes, task.case_seed(case, seed))
+        inputs = task.make_inputs(case.sizes, task.case_seed(case, seed), case.ranges)
         expected = task.run_reference(inputs, case.sizes)
-        value = (PreparedCase(name=case.name, sizes=case.sizes, inputs=inputs), expected)
-        with self._cache_lock:
-            self._expected_cache[key] = value
+        value = Prepared(PreparedCase(name=case.name, sizes=case.sizes, inputs=inputs), expected, case)
+        if cache:
+            with self._cache_lock:
+                self._expected_cache[key] = value
         return value
 
     def run_tests(self, kernel_id: str, progress: ProgressFn = _noop) -> TestReport:
@@ -181,15 +200,18 @@ class Workbench:
             return report
         sandbox_warnings = self._require_sandbox()
         progress(0, 3, "preparing inputs and reference outputs")
-        prepared = [self._prepared(task, i, s) for i in range(len(task.spec.cases)) for s in range(SEEDS_PER_CASE)]
+        prepared = [self._prepared(task, c, s) for c in task.spec.cases for s in range(SEEDS_PER_CASE)]
+        drawn_seed = secrets.randbelow(2**31) if task.spec.drawn_cases else None
+        if drawn_seed is not None:
+            prepared.append(self._prepared(task, draw_case(task.spec, drawn_seed), 0, cache=False))
         build = self._artifact(record.backend, record.build_hash)
         progress(1, 3, f"running {len(prepared)} case runs in the sandbox")
-        outcome = self.runner.run_tests(task, build, [p for p, _ in prepared], self.settings.test_timeout_s,
+        outcome = self.runner.run_tests(task, build, [p.case for p in prepared], self.settings.test_timeout_s,
                                         record.uses_openmp)
         progress(2, 3, "comparing with the reference")
         if outcome.status != "ok":
             failed = outcome.failed_case
-            sizes = next((c.sizes for c in task.spec.cases if c.name == failed), {})
+            sizes = next((p.case.sizes for p in prepared if p.case.name == failed), {})
             failure_kind: FailureKind = ("timeout" if outcome.status == "timeout" else
                                          "load_error" if outcome.status == "load_error" else "crash")
             report = TestReport(
@@ -197,7 +219,7 @@ class Workbench:
                 failure=failure_kind,
                 message=outcome.message,
                 cases=[CaseResult(name=failed, sizes=sizes, passed=False)] if failed else [],
-                seeds_per_case=SEEDS_PER_CASE, warnings=sandbox_warnings,
+                seeds_per_case=SEEDS_PER_CASE, warnings=sandbox_warnings, drawn_case_seed=drawn_seed,
                 next_step=("the library does not load: define every function you call (or include the header "
                            "that declares it) and recompile" if failure_kind == "load_error" else
                            "fix the crash (check indices against the sizes in the failing case) and recompile"),
@@ -207,9 +229,10 @@ class Workbench:
         per_case: dict[str, list[CaseResult]] = {}
         failures: list[tuple[FailureKind, CaseResult]] = []
         names = [a.name for a in task.outputs()]
-        for (case, expected), got, meta in zip(prepared, outcome.outputs, outcome.result["cases"], strict=True):
-            result, failure = judge_case(case.name, case.sizes, got, expected, names, task.spec.tolerance,
-                                         meta["inputs_modified"])
+        for item, got, meta in zip(prepared, outcome.outputs, outcome.result["cases"], strict=True):
+            case = item.case
+            result, failure = judge_case(case.name, case.sizes, got, item.expected, names,
+                                         task.spec.tolerance_for(item.spec), meta["inputs_modified"])
             per_case.setdefault(case.name, []).append(result)
             if failure:
                 failures.append((failure, result))
@@ -219,7 +242,7 @@ class Workbench:
         report = TestReport(
             kernel_id=kernel_id, task_id=task.id, passed=passed, failure=failure,
             message=_test_message(passed, failure, cases, task),
-            cases=cases, seeds_per_case=SEEDS_PER_CASE, warnings=sandbox_warnings,
+            cases=cases, seeds_per_case=SEEDS_PER_CASE, warnings=sandbox_warnings, drawn_case_seed=drawn_seed,
             next_step=(f"call profile_kernel(kernel_id='{kernel_id}')" if passed else
                        "fix the kernel (see the first bad index of the failing case) and compile it again"),
         )
@@ -313,7 +336,8 @@ class Workbench:
         profile = task.spec.profile
         sizes = profile.sizes
         progress(0, 3, "preparing input sets and reference outputs at the profiling size")
-        sets = [PreparedCase(f"{profile.name}#{r}", sizes, task.make_inputs(sizes, task.case_seed(profile, r)))
+        sets = [PreparedCase(f"{profile.name}#{r}", sizes,
+                             task.make_inputs(sizes, task.case_seed(profile, r), profile.ranges))
                 for r in range(PROFILE_INPUT_SETS)]
         expected = [self._profile_expected(task, case) for case in sets]
         hardware = detect_hardware()
@@ -323,7 +347,7 @@ class Workbench:
         # timed region: the harness waits for its acknowledgement before reading the clock), where on another
         # CPU it would queue behind whatever else runs there.
         timing_cpu = pin
-        tol = next(iter(task.spec.tolerance.values()))
+        tol = next(iter(task.spec.tolerance_for(profile).values()))
         progress(1, 3, "waiting for the measurement slot")
         queued = time.monotonic()
         with self._measure_lock:
@@ -367,6 +391,7 @@ class Workbench:
         threads = int(outcome.result.get("omp_threads") or 1) if record.uses_openmp else 1
         warnings = _profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
                                      nbytes, median, threads, hardware, naive_baseline=base_key == "baseline")
+        suspect_reasons = _suspect_reasons(speedup_ci, flops, nbytes, median, threads, hardware)
         warnings += sandbox_warnings
         if isinstance(costs, str):
             warnings.append(f"no deterministic counts: {costs}")
@@ -381,7 +406,7 @@ class Workbench:
             threads=threads, pinned_cpu=pin, rounds=int(outcome.result.get("rounds", 0)),
             measure_seconds=round(float(outcome.result.get("seconds", 0.0)), 3), hardware=hardware,
             warnings=warnings, deterministic=costs if isinstance(costs, CostCounts) else None,
-            checked_input_sets=len(sets),
+            checked_input_sets=len(sets), suspect=bool(suspect_reasons), suspect_reasons=suspect_reasons,
             next_step=(
                 "record what you tried; try the next optimisation and compile it with parent_id="
                 f"'{kernel_id}'" if speedup >= 1.0 else
@@ -412,7 +437,8 @@ class Workbench:
                                              f"at the profiling size {sizes}: inputs are read-only")
         names = [a.name for a in task.outputs()]
         for case, got, exp in zip(sets, outcome.outputs, expected, strict=True):
-            result, failure = judge_case(case.name, case.sizes, got, exp, names, task.spec.tolerance, [])
+            result, failure = judge_case(case.name, case.sizes, got, exp, names,
+                                         task.spec.tolerance_for(task.spec.profile), [])
             if failure is not None:
                 where = (f"; {result.mismatches} element(s) wrong, first at flat index {result.first_bad_index} of "
                          f"{result.first_bad_output!r} (expected {result.expected}, got "
@@ -443,7 +469,8 @@ def _worst(failures: list[tuple[FailureKind, CaseResult]]) -> FailureKind | None
 
 def _test_message(passed: bool, failure: FailureKind | None, cases: list[CaseResult], task: Task) -> str:
     if passed:
-        return f"all {len(cases)} cases passed ({SEEDS_PER_CASE} seeds each) within the tolerance"
+        return (f"all {len(cases)} cases passed within the tolerance ({SEEDS_PER_CASE} seeds each; the case drawn "
+                "near the profiling size once)")
     bad = [c for c in cases if not c.passed]
     first = bad[0]
     parts = [f"{len(bad)} of {len(cases)} cases failed; first: {first.name!r} with sizes {first.sizes}"]
@@ -460,6 +487,23 @@ def _test_message(passed: bool, failure: FailureKind | None, cases: list[CaseRes
         parts.append("the kernel produced NaN or infinity where the reference is finite (overflow in exp? "
                      "division by zero? uninitialised accumulator?)")
     return "; ".join(parts)
+
+
+def _suspect_reasons(speedup_ci: tuple[float, float], flops: int, nbytes: int, median: float, threads: int,
+                     hardware: HardwareProfile) -> list[str]:
+    """Integrity signals: a result that trips one is recorded but never taught as a win."""
+    reasons = []
+    if speedup_ci[0] <= 1.0 <= speedup_ci[1]:
+        reasons.append(f"the speedup's 95% CI [{speedup_ci[0]:.3f}, {speedup_ci[1]:.3f}] contains 1")
+    peak = peak_gflops(hardware, threads)
+    if flops and flops / median / 1e9 > peak:
+        reasons.append(f"{flops / median / 1e9:.0f} GFLOP/s is above this machine's float32 peak "
+                       f"(~{peak:.0f} GFLOP/s on {threads} thread(s))")
+    llc = last_level_cache_bytes(hardware)
+    if nbytes and llc and nbytes > 2 * llc and nbytes / median / 1e9 > copy_bandwidth_gbps() * threads * 1.5:
+        reasons.append(f"{nbytes / median / 1e9:.1f} GB/s is above the measured memory bandwidth for a working set "
+                       "that does not fit in the last-level cache")
+    return reasons
 
 
 def _profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speedup_ci: tuple[float, float],

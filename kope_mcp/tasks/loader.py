@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from kope_mcp.errors import InvalidTaskError
 from kope_mcp.tasks.expr import ExpressionError
-from kope_mcp.tasks.spec import ArgSpec, CaseSpec, TaskSpec
+from kope_mcp.tasks.spec import ArgSpec, CaseSpec, TaskSpec, ValueRange
 
 TASK_FILE = "task.toml"
 REFERENCE_FILE = "reference.py"
@@ -41,8 +41,11 @@ class Task:
         digest = hashlib.sha256(f"{self.id}/{case.name}/{repeat}".encode()).digest()
         return int.from_bytes(digest[:4], "little")
 
-    def make_inputs(self, sizes: dict[str, int], seed: int) -> dict[str, np.ndarray]:
-        """Seeded inputs for every ``in`` argument (the task's own generator when it has one)."""
+    def make_inputs(self, sizes: dict[str, int], seed: int,
+                    ranges: dict[str, ValueRange] | None = None) -> dict[str, np.ndarray]:
+        """Seeded inputs for every ``in`` argument (the task's own generator when it has one); ``ranges`` (a
+        case's) replace an argument's own [low, high)."""
+        ranges = ranges or {}
         rng = np.random.default_rng(seed)
         inputs: dict[str, np.ndarray] = {}
         if self.generate_fn is not None:
@@ -59,10 +62,11 @@ class Task:
                         f"{arr.dtype}; task.toml says shape {shape} dtype {arg.dtype}"
                     )
                 continue
+            low, high = (ranges[arg.name].low, ranges[arg.name].high) if arg.name in ranges else (arg.low, arg.high)
             if arg.dtype.startswith("float"):
-                arr = rng.uniform(arg.low, arg.high, size=shape).astype(arg.dtype)
+                arr = rng.uniform(low, high, size=shape).astype(arg.dtype)
             else:
-                arr = rng.integers(int(arg.low), int(arg.high), size=shape, dtype=arg.dtype)
+                arr = rng.integers(int(low), int(high), size=shape, dtype=arg.dtype)
             inputs[arg.name] = np.ascontiguousarray(arr)
         return inputs
 

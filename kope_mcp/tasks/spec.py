@@ -83,19 +83,38 @@ class ArgSpec(BaseModel):
         return f"{ctype} {self.name}"
 
 
+class Tolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    atol: float = Field(ge=0)
+    rtol: float = Field(ge=0)
+
+
+class ValueRange(BaseModel):
+    """Inputs of one argument drawn uniform in [low, high) for this case instead of the argument's own range."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    low: float
+    high: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ValueRange:
+        if not self.low < self.high:
+            raise ValueError(f"an input range needs low < high (got [{self.low}, {self.high}))")
+        return self
+
+
 class CaseSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
     sizes: dict[str, int]
     note: str = ""
-
-
-class Tolerance(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    atol: float = Field(ge=0)
-    rtol: float = Field(ge=0)
+    ranges: dict[str, ValueRange] = Field(default_factory=dict, description="Per-input value ranges for this case: "
+                                          "values that break a naive formula (exp overflow, a large mean).")
+    tolerance: dict[DType, Tolerance] | None = Field(None, description="This case's tolerance, when it differs "
+                                                      "from the task's (a float32 sum over 16M elements).")
 
 
 class TaskSpec(BaseModel):
@@ -115,6 +134,8 @@ class TaskSpec(BaseModel):
     flops: str | int
     bytes: str | int
     openmp_allowed: bool = True
+    drawn_cases: bool = Field(True, description="The sizes are independent of each other, so run_tests may draw a "
+                              "case near the profiling size each run (see tasks/drawn.py).")
     rules: list[str] = Field(default_factory=list, description="Task-specific rules, after the default ones.")
 
     @model_validator(mode="after")
@@ -137,10 +158,16 @@ class TaskSpec(BaseModel):
                 raise ValueError(f"case {case.name!r} must give exactly the sizes {sorted(size_names)}")
             if any(v < 1 for v in case.sizes.values()):
                 raise ValueError(f"case {case.name!r}: sizes must be >= 1")
+            unknown = set(case.ranges) - {a.name for a in self.args if a.kind == "in"}
+            if unknown:
+                raise ValueError(f"case {case.name!r}: ranges name {sorted(unknown)}, which are not inputs")
         for arg in self.args:
             if arg.dtype not in self.tolerance and arg.kind == "out":
                 raise ValueError(f"no tolerance for dtype {arg.dtype} of output {arg.name!r}")
         return self
+
+    def tolerance_for(self, case: CaseSpec) -> dict[DType, Tolerance]:
+        return {**self.tolerance, **(case.tolerance or {})}
 
     @property
     def prototype(self) -> str:

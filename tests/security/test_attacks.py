@@ -14,8 +14,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import pytest
-
 import kope_mcp
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.tasks.registry import TaskRegistry

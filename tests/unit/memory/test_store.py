@@ -1,4 +1,5 @@
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord, StrategyRecord
+from kope_mcp.memory.rows import attempt_props
 from kope_mcp.memory.store import KuzuExperienceStore
 
 
@@ -23,10 +24,10 @@ def populated(tmp_path) -> KuzuExperienceStore:
 
 def test_migrations_are_recorded_once_and_data_survives_reopening(tmp_path):
     store = populated(tmp_path)
-    assert store.schema_version() == 1
+    assert store.schema_version() == 2
     store.close()
     again = KuzuExperienceStore(tmp_path / "memory.kuzu")
-    assert again.schema_version() == 1
+    assert again.schema_version() == 2
     assert again.counts()["Attempt"] == 3
     assert again.session("s-1").agent.name == "claude"
 
@@ -56,3 +57,28 @@ def test_an_attempt_for_a_missing_session_is_refused_not_silently_dropped(tmp_pa
     orphan = make_attempt("k-9").model_copy(update={"session_id": "s-missing"})
     with pytest.raises(ValueError, match="must exist first"):
         store.add_attempt(orphan)
+
+
+def test_a_version_1_home_upgrades_in_place_and_keeps_its_attempts(tmp_path, monkeypatch):
+    import kope_mcp.memory.store as store_module
+
+    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:1])
+    monkeypatch.setattr(store_module, "_SUMMARY_RETURN", ", ".join(
+        f"a.{c} AS {c}" for c in store_module.ATTEMPT_COLUMNS_V1 if c not in ("source", "search_text")))
+    old = KuzuExperienceStore(tmp_path / "memory.kuzu")
+    old.upsert_task("relu", "elementwise", 1, "relu")
+    old.upsert_hardware("hw", "x86_64", "cpu", 2, ["avx2"], [])
+    old.add_session(SessionRecord(session_id="s-1", task_id="relu", hardware_key="hw",
+                                  agent=AgentInfo(name="claude", version="1"), created_at="2026-01-01"))
+    props = {k: v for k, v in attempt_props(make_attempt("k-1").model_copy(update={"label": "effective"})).items()
+             if k in store_module.ATTEMPT_COLUMNS_V1}
+    old._exec("CREATE (a:Attempt {" + ", ".join(f"{k}: ${k}" for k in props) + "})", props)
+    assert old.schema_version() == 1
+    old.close()
+    monkeypatch.undo()
+    upgraded = KuzuExperienceStore(tmp_path / "memory.kuzu")
+    assert upgraded.schema_version() == 2
+    attempt = upgraded.attempt("k-1")
+    assert attempt.label == "effective" and attempt.suspect is False and attempt.suspect_reason == ""
+    upgraded.update_attempt("k-1", suspect=True, suspect_reason="CI contains 1")
+    assert upgraded.attempt("k-1").suspect

@@ -64,4 +64,4 @@ def test_baseline_passes_its_own_cases(workbench, task_id):
     assert compiled.ok, compiled.log
     report = workbench.run_tests(compiled.kernel_id)
     assert report.passed, report.message
-    assert len(report.cases) == len(task.spec.cases)
+    assert len(report.cases) == len(task.spec.cases) + 1 and report.cases[-1].name.startswith("drawn_")
