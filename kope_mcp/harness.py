@@ -248,11 +248,11 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     min_rounds, max_rounds, rel_iqr_goal = int(job.get("min_rounds", 7)), int(job.get("max_rounds", 5000)), 0.02
     checks = {name: Consistency(job["consistency_atol"], job["consistency_rtol"]) for name in impls}
     out_budget = max(1, OUTPUT_BUDGET_BYTES // max(1, sets[0].output_bytes()))
-    # Fresh buffers for every call of a sample; call j of the k-th sample runs on input set (k + j) % len(sets),
-    # so consecutive calls never see the same inputs, and every set is timed even at one call per sample.
+    # Fresh buffers for every call of a sample, and each implementation's calls cycle through the input sets
+    # (its call c runs on set c % len(sets)): consecutive calls never see the same inputs or the same output.
     buffers: list[dict[str, np.ndarray]] = []
     latest: dict[int, dict[str, np.ndarray]] = {}
-    counter = [0]
+    counter = dict.fromkeys([*impls, "reference"], 0)
 
     def sample(name: str, n: int) -> float:
         while len(buffers) < n:
@@ -263,9 +263,9 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
                 poison(arr)
         # Inputs are not restored between samples (a copy of every set per sample would dominate large cases):
         # a kernel that writes into them fails the check after the measurement instead.
-        k = counter[0]
-        counter[0] += 1
-        chosen = [(k + j) % len(sets) for j in range(n)]
+        first = counter[name]
+        counter[name] += n
+        chosen = [(first + j) % len(sets) for j in range(n)]
         calls: list[tuple[Any, list[Any], dict[str, Any]]]
         if name == "reference":
             calls = [(reference, [], sets[i].reference_kwargs()) for i in chosen]

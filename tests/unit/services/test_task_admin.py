@@ -19,7 +19,8 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tasks" / "axpby"
 def test_the_worked_example_is_installed_and_served_through_mcp(tmp_path):
     settings = make_settings(tmp_path / "home")
     added = add_task(settings, EXAMPLE)
-    assert added.task_id == "axpby" and added.baseline_cases_passed == 6  # its 5 cases and one drawn near the profiling size
+    # Its 5 cases and the one drawn near the profiling size.
+    assert added.task_id == "axpby" and added.baseline_cases_passed == 6
     assert (tmp_path / "home" / "tasks" / "axpby" / "task.toml").is_file()
 
     async def body():
