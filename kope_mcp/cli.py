@@ -377,7 +377,8 @@ async def _demo_session() -> int:
         async def call(tool: str, **arguments: Any) -> dict[str, Any]:
             result = await client.call_tool(tool, arguments)
             if result.is_error:
-                raise SystemExit(f"demo: {tool} failed: {result.content[0].text if result.content else '?'}")
+                text = getattr(result.content[0], "text", "?") if result.content else "?"
+                raise SystemExit(f"demo: {tool} failed: {text}")
             assert result.structured_content is not None
             return result.structured_content
 

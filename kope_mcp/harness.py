@@ -46,7 +46,8 @@ def _load_kernel(path: str, args: list[dict[str, Any]]) -> Any:
     except (OSError, AttributeError) as exc:
         raise LoadError(str(exc).replace(path, Path(path).name)) from exc
     fn.restype = None
-    fn.argtypes = [ctypes.c_void_p if a["kind"] in ("in", "out") else _CTYPES[a["dtype"]] for a in args]
+    argtypes: list[Any] = [ctypes.c_void_p if a["kind"] in ("in", "out") else _CTYPES[a["dtype"]] for a in args]
+    fn.argtypes = argtypes
     return fn
 
 
@@ -67,7 +68,7 @@ class ResultWriter:
         self.offset = 0
 
     def array(self, arr: np.ndarray) -> None:
-        view = memoryview(np.ascontiguousarray(arr)).cast("B")
+        view = np.ascontiguousarray(arr).data.cast("B")
         while view:
             written = os.write(self.fd, view)
             self.offset += written

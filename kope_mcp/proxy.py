@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 _CONNECT: tuple[type[BaseException], ...] = (httpx2.ConnectError, ConnectionRefusedError)
 _BROKEN: tuple[type[BaseException], ...] = (httpx2.HTTPError, anyio.BrokenResourceError, anyio.EndOfStream,
                                             anyio.ClosedResourceError, OSError)
+_CAUGHT: tuple[type[BaseException], ...] = (BaseExceptionGroup, MCPError, *_CONNECT, *_BROKEN)
 
 
 class _CutOff(Exception):
@@ -69,7 +70,7 @@ class HomeProxy:
             try:
                 async with self._client(state, ctx) as client:
                     return await call(client)
-            except (BaseExceptionGroup, MCPError, *_CONNECT, *_BROKEN) as exc:  # task groups wrap transport errors
+            except _CAUGHT as exc:  # task groups wrap transport errors
                 leaves = _leaves(exc)
                 if all(isinstance(e, _CONNECT) for e in leaves):
                     if attempt == 2:

@@ -122,7 +122,7 @@ class SandboxResult:
         return f"exited with code {self.returncode}"
 
 
-_SIGNAL_HINTS = {
+_SIGNAL_HINTS: dict[int, str] = {
     signal.SIGSEGV: " (invalid memory access: out-of-bounds index or bad pointer?)",
     signal.SIGBUS: " (misaligned or out-of-range memory access)",
     signal.SIGFPE: " (arithmetic fault, e.g. integer division by zero)",

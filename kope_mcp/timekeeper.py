@@ -44,13 +44,12 @@ def main(argv: list[str]) -> int:
             data = b"".join(b"%d %s\n" % (stamp, line[:_MAX_LINE]) for line in lines)
             written += len(data)
             os.write(1, data if written <= _MAX_OUTPUT else b"overflow: the stream was cut\n")
-        if ack is not None:
-            for line in lines:
-                if line.startswith(b"B "):
-                    try:
-                        os.write(ack, b"!")
-                    except BrokenPipeError:
-                        ack = None
+        for line in lines:
+            if ack is not None and line.startswith(b"B "):
+                try:
+                    os.write(ack, b"!")
+                except BrokenPipeError:
+                    ack = None
     return 0
 
 

@@ -46,6 +46,17 @@ def measure(tasks: list[str]) -> dict[str, float]:
         report = bench.run_tests(compiled.kernel_id)
         out[f"{task_id} run_tests"] = time.perf_counter() - t0
         assert report.passed, report.message
+        # The same sandboxed harness run on the listed cases only: what isolation costs, without the case this
+        # version draws near the profiling size.
+        from kope_mcp.backends.native_runner import PreparedCase
+
+        task = bench.tasks.get(task_id)
+        cases = [PreparedCase(c.name, c.sizes, task.make_inputs(c.sizes, task.case_seed(c))) for c in task.spec.cases]
+        library = bench.backends["c"].artifact(bench.store.attempt(compiled.kernel_id).build_hash)
+        t0 = time.perf_counter()
+        outcome = bench.runner.run_tests(task, library, cases, 30.0, False)
+        out[f"{task_id} harness"] = time.perf_counter() - t0
+        assert outcome.status == "ok", outcome.message
     bench.store.close()
     return out
 

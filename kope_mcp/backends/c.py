@@ -123,6 +123,8 @@ class CpuCBackend:
         return path
 
     def compile_baseline(self, task: Task) -> BuildResult:
+        if task.baseline_source is None:
+            raise ValueError(f"task {task.id} has no C baseline")
         return self.compile(task, task.baseline_source, [])
 
     def _load_cached(self, final_dir: Path) -> BuildResult | None:

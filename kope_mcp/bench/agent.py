@@ -94,7 +94,7 @@ def order(policy: str, context: str | None, family: str, task_id: str, rng: rand
 async def call_tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
     result = await client.call_tool(name, args)
     if result.is_error or result.structured_content is None:
-        raise ToolFailed(f"{name}: {result.content[0].text if result.content else '?'}")
+        raise ToolFailed(f"{name}: {getattr(result.content[0], 'text', '?') if result.content else '?'}")
     return result.structured_content
 
 

@@ -18,6 +18,7 @@ plain elementwise loop gets only the generic transformations.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,7 +154,7 @@ STRATEGIES: tuple[Strategy, ...] = (
              "move the reduction loop outside so the inner loop walks memory contiguously",
              _loop_rewrite(loops.interchange)),
     *(Strategy(f"blocking {tile}", "memory", f"tile two nested loops in {tile}x{tile} blocks so the working "
-               "set stays in cache", _loop_rewrite(lambda s, at, tile=tile: loops.block(s, at, tile)))
+               "set stays in cache", _loop_rewrite(functools.partial(loops.block, tile=tile)))
       for tile in (32, 64, 128)),
     Strategy("disable vectorisation", "compiler", "scalar code is sometimes faster for short loops",
              _flags("-O2", "-fno-tree-vectorize")),

@@ -16,6 +16,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -54,7 +55,7 @@ class Progress(Protocol):
     def note(self, line: str) -> None: ...
 
 
-def split(tasks: dict[str, str], seed: int, per_family: int | None = None) -> tuple[list[str], list[str]]:
+def split(tasks: Mapping[str, str], seed: int, per_family: int | None = None) -> tuple[list[str], list[str]]:
     """(warm-up, held-out) task ids from {task_id: family}."""
     warm: list[str] = []
     held: list[str] = []
@@ -92,14 +93,14 @@ async def _run_tasks(home: Path, config: BenchConfig, policy: str, task_ids: lis
     return runs
 
 
-def plan(config: BenchConfig, tasks: dict[str, str], seed: int) -> tuple[list[str], list[str]]:
+def plan(config: BenchConfig, tasks: Mapping[str, str], seed: int) -> tuple[list[str], list[str]]:
     """(warm-up, held-out) task ids of one seed under this configuration."""
     if config.families is not None:
         tasks = {t: f for t, f in tasks.items() if f in config.families}
     return split(tasks, seed, config.per_family)
 
 
-async def run_seed(config: BenchConfig, tasks: dict[str, str], seed: int, progress: Progress) -> SeedResult:
+async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, progress: Progress) -> SeedResult:
     warm, held = plan(config, tasks, seed)
     result = SeedResult(seed=seed, warmup=warm, held_out=held)
     root = config.out / f"seed-{seed}"

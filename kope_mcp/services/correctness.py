@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from kope_mcp.harness import POISON_BITS
@@ -50,7 +52,7 @@ def judge_case(
     outputs: dict[str, np.ndarray],
     expected: list[np.ndarray],
     output_names: list[str],
-    tolerances: dict[str, Tolerance],
+    tolerances: Mapping[str, Tolerance],
     inputs_modified: list[str],
 ) -> tuple[CaseResult, FailureKind | None]:
     result = CaseResult(name=name, sizes=sizes, passed=True, inputs_modified=inputs_modified)

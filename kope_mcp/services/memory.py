@@ -142,7 +142,11 @@ class ExperienceMemory:
         self._vectors_loaded.wait(timeout)
         self._backlog_queued.wait(timeout)
         done = threading.Event()
-        threading.Thread(target=lambda: (self._queue.join(), done.set()), daemon=True).start()
+        def join_then_signal() -> None:
+            self._queue.join()
+            done.set()
+
+        threading.Thread(target=join_then_signal, daemon=True).start()
         done.wait(timeout)
 
     def enqueue_embedding(self, kind: str, item_id: str, text: str) -> None:

@@ -301,11 +301,11 @@ class Workbench:
         path = self.settings.refcache_dir / f"{task.id}-{key}.npz"
         if path.is_file():
             with np.load(path) as data:
-                return [data[f"out{i}"] for i in range(len(data.files))]
+                return [data[f"arr_{i}"] for i in range(len(data.files))]
         expected = task.run_reference(case.inputs, case.sizes)
         self.settings.refcache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
-        np.savez(tmp, **{f"out{i}": arr for i, arr in enumerate(expected)})
+        np.savez(tmp, *expected)
         os.replace(tmp, path)
         return expected
 

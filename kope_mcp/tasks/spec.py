@@ -166,8 +166,9 @@ class TaskSpec(BaseModel):
                 raise ValueError(f"no tolerance for dtype {arg.dtype} of output {arg.name!r}")
         return self
 
-    def tolerance_for(self, case: CaseSpec) -> dict[DType, Tolerance]:
-        return {**self.tolerance, **(case.tolerance or {})}
+    def tolerance_for(self, case: CaseSpec) -> dict[str, Tolerance]:
+        """Per output dtype: the case's own tolerance where it has one, else the task's."""
+        return {str(dtype): tol for dtype, tol in {**self.tolerance, **(case.tolerance or {})}.items()}
 
     @property
     def prototype(self) -> str:

@@ -174,3 +174,17 @@ def test_import_merges_into_a_memory_with_its_own_experience_and_serves_it_as_cr
         "faster reduction", task_id="dot", hardware="another-chip-x86-64-avx2-8c")
     imported = [i for i in answer.items if i.tier == "cold"]
     assert imported and all("other hardware" in i.why for i in imported)
+
+
+def test_a_suspect_measurement_is_never_offered_as_what_worked(world, workbench):
+    ids, service = world
+    before = service.query_experience("accumulators", task_id="sum_reduce", phase="optimize", token_budget=4000)
+    assert ids["fast"] in {i.id for i in before.items if i.kind == "case"}
+    workbench.memory._update(ids["fast"], suspect=True, suspect_reason="the speedup's 95% CI contains 1")
+    try:
+        after = service.query_experience("accumulators", task_id="sum_reduce", phase="optimize", token_budget=4000)
+        assert ids["fast"] not in {i.id for i in after.items if i.kind == "case"}
+        lesson = service.record_experience(ACCUMULATOR_STRATEGY, "it was much faster", kernel_id=ids["fast"])
+        assert not lesson.verified and lesson.label == "lesson"
+    finally:
+        workbench.memory._update(ids["fast"], suspect=False, suspect_reason="")

@@ -65,3 +65,37 @@ def test_baseline_passes_its_own_cases(workbench, task_id):
     report = workbench.run_tests(compiled.kernel_id)
     assert report.passed, report.message
     assert len(report.cases) == len(task.spec.cases) + 1 and report.cases[-1].name.startswith("drawn_")
+
+
+# Tasks whose formula overflows or cancels when written the textbook way: each needs a case whose values break it.
+NUMERICALLY_SENSITIVE = {"softmax", "log_softmax", "cross_entropy", "sdpa", "sdpa_causal", "layernorm", "softplus"}
+
+
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_a_task_that_promises_numerical_stability_has_a_case_that_breaks_the_naive_formula(registry, task_id):
+    spec = registry.get(task_id).spec
+    promises = "stable" in (spec.summary + spec.description).lower() or task_id in NUMERICALLY_SENSITIVE
+    if not promises:
+        return
+    assert task_id in NUMERICALLY_SENSITIVE, "a new task promising stability: add it here, with its cases"
+    assert any(case.ranges for case in spec.cases), "needs a case with value ranges that break the naive formula"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", TASK_IDS)
+def test_the_baseline_is_correct_at_the_profiling_size(workbench, task_id):
+    from kope_mcp.backends.native_runner import PreparedCase
+    from kope_mcp.services.correctness import judge_case
+
+    task = workbench.tasks.get(task_id)
+    build = workbench.backends["c"].compile_baseline(task)
+    assert build.artifact is not None, build.log
+    profile = task.spec.profile
+    inputs = task.make_inputs(profile.sizes, task.case_seed(profile, 0), profile.ranges)
+    case = PreparedCase(profile.name, profile.sizes, inputs)
+    outcome = workbench.runner.run_tests(task, build.artifact, [case], 120.0, openmp=False)
+    assert outcome.status == "ok", outcome.message
+    result, failure = judge_case(profile.name, profile.sizes, outcome.outputs[0],
+                                 task.run_reference(inputs, profile.sizes), [a.name for a in task.outputs()],
+                                 task.spec.tolerance_for(profile), [])
+    assert failure is None, result
