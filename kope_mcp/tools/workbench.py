@@ -53,11 +53,12 @@ def register(server: MCPServer[Any]) -> None:
     )
     async def run_tests(ctx: Context[Any, Any], kernel_id: KernelId) -> TestReport:
         """Run the kernel on every correctness case of its task (2 input seeds each, sizes including 1 and odd
-        tails) in a sandbox and compare with the numpy reference within the task's tolerance.
+        tails, values that break naive formulas) and on one case drawn for this run near the profiling size, in
+        a sandbox, and compare with the float64 reference within the task's tolerance.
 
         Returns passed, a failure kind (not_compiled, crash, timeout, mismatch, nan, input_modified,
-        wrong_shape) and per case the max abs/rel error, mismatches, unwritten elements and the first bad index.
-        Next: fix and recompile when it failed; profile_kernel(kernel_id) when it passed.
+        wrong_shape, load_error) and per case the max abs/rel error, mismatches, unwritten elements and the first
+        bad index. Next: fix and recompile when it failed; profile_kernel(kernel_id) when it passed.
         """
         return await call_service(ctx, app_state(ctx).workbench.run_tests, kernel_id, progress=True)
 
@@ -77,11 +78,14 @@ def register(server: MCPServer[Any]) -> None:
         )] = True,
     ) -> ProfileReport:
         """Time a kernel that passed run_tests at the task's profiling size, interleaved with the naive baseline
-        and the numpy reference in one pinned child process, until the timings are stable (about 3 s).
+        and the numpy reference in one pinned sandboxed process, until the timings are stable (about 3 s). The
+        timed calls rotate two input sets into fresh output buffers and their outputs are checked.
 
         Returns median, IQR, 95% CI and n for each, speedup vs the baseline (with CI) and vs the reference,
-        GFLOP/s, GB/s, the hardware, and warnings (noisy, implausible, faster than memory allows). Refuses a
-        kernel that was not tested or failed. Next: keep it if faster than your best, then try the next idea.
+        GFLOP/s, GB/s, the hardware, warnings, and `suspect` (a result never taught to others as a win). A kernel
+        wrong at the profiling size comes back with failure="wrong_at_profile_size" and no speedup: fix it as you
+        would a failed test. Refuses a kernel that was not tested or failed. Next: keep it if its CI lies above
+        your best, then try the next idea.
         """
         return await call_service(ctx, app_state(ctx).workbench.profile_kernel, kernel_id, deterministic,
                                   time_reference, progress=True)
