@@ -380,6 +380,9 @@ async def _demo_session() -> int:
                 text = getattr(result.content[0], "text", "?") if result.content else "?"
                 raise SystemExit(f"demo: {tool} failed: {text}")
             assert result.structured_content is not None
+            if result.structured_content.get("failure") and tool == "profile_kernel":
+                raise SystemExit(f"demo: profile_kernel: {result.structured_content['failure']}: "
+                                 f"{result.structured_content.get('message', '')}")
             return result.structured_content
 
         listing = await call("list_tasks")

@@ -185,9 +185,15 @@ async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, s
         return "incorrect", kernel_id, session_id, None
     # The agent compares against the baseline only; timing the numpy reference too would cost a third more.
     profile = await call_tool(client, "profile_kernel", kernel_id=kernel_id, time_reference=False)
+    if profile.get("failure") == "timing_unverified":
+        return "correct", kernel_id, session_id, None  # nothing measured that can be trusted
+    if profile.get("failure"):
+        return "incorrect", kernel_id, session_id, None  # wrong or crashing at the profiling size
     speedup = float(profile["speedup_vs_baseline"])
     low = float(profile["speedup_vs_baseline_ci95"][0])
-    return ("faster" if low > incumbent_speedup else "correct"), kernel_id, session_id, speedup
+    # A suspect result (its CI contains 1, say) never replaces the incumbent.
+    faster = low > incumbent_speedup and not profile.get("suspect")
+    return ("faster" if faster else "correct"), kernel_id, session_id, speedup
 
 
 async def _record(client: Client, kernel_id: str, strategy: str, task_id: str, outcome: str,
