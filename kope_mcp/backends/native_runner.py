@@ -61,14 +61,29 @@ class HarnessOutcome:
 
 @dataclass(frozen=True)
 class PythonRuntime:
+    """The interpreter and the libraries the harness imports, as real host paths.
+
+    The interpreter and its standard library are bound at their own paths (an interpreter finds its prefix from
+    where it runs, and pyenv's links libpython by absolute path); ``kope_mcp`` and the site-packages folders are
+    bound under ``/kope/py`` so a run learns nothing of where the server's checkout or venv lives.
+    """
+
     executable: str
-    pythonpath: str
-    binds: tuple[Path, ...]
+    interpreter: tuple[Path, ...]
+    package: Path
+    site: tuple[Path, ...]
+
+    def place(self, scratch: Scratch) -> str:
+        """Bind everything into the run; the PYTHONPATH to use there."""
+        for path in self.interpreter:
+            scratch.place(path)
+        entries = [str(Path(scratch.place(self.package, "/kope/py/pkg/kope_mcp")).parent)]
+        entries += [scratch.place(path, f"/kope/py/site{i}") for i, path in enumerate(self.site)]
+        return os.pathsep.join(entries)
 
 
 @functools.cache
 def python_runtime() -> PythonRuntime:
-    """The interpreter, stdlib, site-packages and kope_mcp, as real paths to bind read-only into the sandbox."""
     exe = Path(os.path.realpath(sys.executable))
     package = Path(kope_mcp.__file__).resolve().parent
     # The folders this process imports its libraries from (numpy; torch for a KernelBench reference): every
@@ -76,9 +91,9 @@ def python_runtime() -> PythonRuntime:
     # the whole checkout there).
     wanted = [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))]
     wanted.append(str(Path(np.__file__).resolve().parent.parent))
-    site = [Path(p).resolve() for p in dict.fromkeys(wanted) if os.path.isdir(p)]
-    binds = {Path(sys.base_prefix).resolve(), exe.parent, package, *site}
-    return PythonRuntime(str(exe), os.pathsep.join(str(p) for p in [package.parent, *site]), tuple(sorted(binds)))
+    site = tuple(dict.fromkeys(Path(p).resolve() for p in wanted if os.path.isdir(p)))
+    return PythonRuntime(str(exe), tuple(dict.fromkeys([Path(sys.base_prefix).resolve(), exe.parent])), package,
+                         site)
 
 
 def _write_cases(task: Task, cases: list[PreparedCase], folder: Path) -> list[dict[str, Any]]:
@@ -183,7 +198,7 @@ class NativeRunner:
                         [sys.executable, "-S", "-m", "kope_mcp.timekeeper",
                          str(timing_cpu) if timing_cpu is not None else "-", str(ack_write)],
                         stdin=read_end, stdout=stamps_fd, stderr=subprocess.DEVNULL, pass_fds=(ack_write,),
-                        env={"PYTHONPATH": runtime.pythonpath.split(os.pathsep)[0], "PATH": "/usr/bin:/bin"},
+                        env={"PYTHONPATH": str(runtime.package.parent), "PATH": "/usr/bin:/bin"},
                     )
                     os.close(read_end)
                     os.close(ack_write)
@@ -192,7 +207,7 @@ class NativeRunner:
                 job_path = scratch.inputs / "job.json"
                 job_path.write_text(json.dumps(job))
                 job_path.chmod(0o644)
-                env = scrubbed_env({"PYTHONPATH": runtime.pythonpath, "PYTHONDONTWRITEBYTECODE": "1",
+                env = scrubbed_env({"PYTHONPATH": runtime.place(scratch), "PYTHONDONTWRITEBYTECODE": "1",
                                     **extra_env}, tmpdir=scratch.inside(scratch.run))
                 run = run_sandboxed(
                     [runtime.executable, "-S", "-B", "-m", "kope_mcp.harness", scratch.inside(job_path)],
@@ -200,7 +215,6 @@ class NativeRunner:
                     limits=SandboxLimits(wall_seconds=wall_s, cpu_seconds=int(wall_s * (os.cpu_count() or 1)) + 5,
                                          address_space_bytes=self.memory_limit_bytes),
                     env=env,
-                    binds=runtime.binds,
                     pass_fds=tuple(fds.values()),
                 )
                 outcome = HarnessOutcome(status="ok", stdout_tail=run.stdout_tail, stderr_tail=run.stderr_tail,
