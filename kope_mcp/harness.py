@@ -1,4 +1,4 @@
-"""The child side of run_tests and profile_kernel: load a kernel library, call it, report what happened.
+"""The child side of run_tests (and, through harness_profile, of profile_kernel): load a kernel library, call it.
 
 Runs inside the sandbox as the run's own unprivileged identity from its first instruction
 (``python -S -m kope_mcp.harness JOB.json``): no kernel byte (constructors and IFUNC resolvers included) runs
@@ -30,9 +30,6 @@ _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctype
 POISON_BITS = 0x7FE5A5A5  # a quiet NaN with a payload no arithmetic produces: "never written"
 POISON_BITS_64 = 0x7FFCA5A5A5A5A5A5
 TRAILER_MAGIC = b"KOPERES1"
-# Fresh output buffers per timed call are bounded by this (a kernel must at least write its outputs, so a
-# sample of ~2 ms never needs more than a few tens of MB); beyond it samples get fewer calls.
-OUTPUT_BUDGET_BYTES = 48 * 1024**2
 
 
 class LoadError(Exception):
@@ -228,111 +225,6 @@ class Consistency:
                 return
 
 
-def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel,
-                timing: Channel) -> dict[str, Any]:
-    sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
-    impls: dict[str, Any] = {}
-    reference = _load_reference(job["task_folder"]) if job.get("task_folder") else None
-    if reference is not None:
-        # Warm it (lazy imports: torch for erf, a KernelBench model) before any kernel library is in the process.
-        reference(**sets[0].reference_kwargs())
-    cpu = job.get("pin_cpu")
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
-    try:
-        for name, path in job["libraries"].items():
-            impls[name] = _load_kernel(path, job["args"])
-    except LoadError as exc:
-        return {"fatal": "load_error", "message": str(exc)}
-    pid0 = os.getpid()
-    cap, target = float(job["time_cap_s"]), float(job.get("sample_target_s", 0.005))
-    min_rounds, max_rounds, rel_iqr_goal = int(job.get("min_rounds", 7)), int(job.get("max_rounds", 5000)), 0.02
-    checks = {name: Consistency(job["consistency_atol"], job["consistency_rtol"]) for name in impls}
-    out_budget = max(1, OUTPUT_BUDGET_BYTES // max(1, sets[0].output_bytes()))
-    # Fresh buffers for every call of a sample, and each implementation's calls cycle through the input sets
-    # (its call c runs on set c % len(sets)): consecutive calls never see the same inputs or the same output.
-    buffers: list[dict[str, np.ndarray]] = []
-    latest: dict[int, dict[str, np.ndarray]] = {}
-    counter = dict.fromkeys([*impls, "reference"], 0)
-
-    def sample(name: str, n: int) -> float:
-        # The reference returns its outputs: it needs no buffers (and may make thousands of calls per sample).
-        needed = 0 if name == "reference" else n
-        while len(buffers) < needed:
-            buffers.append(sets[0].new_outputs())
-        bufs = buffers[:needed]
-        for buf in bufs:
-            for arr in buf.values():
-                poison(arr)
-        # Inputs are not restored between samples (a copy of every set per sample would dominate large cases):
-        # a kernel that writes into them fails the check after the measurement instead.
-        first = counter[name]
-        counter[name] += n
-        chosen = [(first + j) % len(sets) for j in range(n)]
-        calls: list[tuple[Any, list[Any], dict[str, Any]]]
-        if name == "reference":
-            calls = [(reference, [], sets[i].reference_kwargs()) for i in chosen]
-        else:
-            calls = [(impls[name], sets[i].call_args(bufs[j]), {}) for j, i in enumerate(chosen)]
-        timing.begin(name)
-        t0 = time.monotonic_ns()
-        for fn, args, kwargs in calls:
-            fn(*args, **kwargs)
-        t1 = time.monotonic_ns()
-        timing.mark(f"E {name} {n} {t0} {t1}")
-        seconds = (t1 - t0) / 1e9
-        _guard_fork(pid0)
-        if name == "candidate":
-            for j, i in enumerate(chosen):
-                checks[name].check(i, bufs[j], j)
-            last_call = {i: j for j, i in enumerate(chosen)}
-            for i, j in last_call.items():
-                latest[i] = {key: arr.copy() for key, arr in bufs[j].items()}
-        return seconds / n
-
-    progress.mark("warmup")
-    inner: dict[str, int] = {}
-    order = ([*impls, "reference"] if reference is not None else list(impls))
-    for name in order:
-        single = max(sample(name, 1), 1e-7)
-        inner[name] = max(1, min(10_000, math.ceil(target / single)))
-        if name != "reference":
-            inner[name] = min(inner[name], out_budget)
-    samples: dict[str, list[float]] = {name: [] for name in order}
-    start = time.perf_counter()
-    rounds = 0
-    progress.mark("measure")
-    timing.mark("M")
-    while rounds < max_rounds:
-        # Rotate the order every round so no implementation always runs right after another one.
-        for name in order[rounds % len(order):] + order[: rounds % len(order)]:
-            samples[name].append(sample(name, inner[name]))
-        rounds += 1
-        elapsed = time.perf_counter() - start
-        if rounds >= min_rounds and (
-            elapsed >= cap or all(_relative_iqr(samples[k]) <= rel_iqr_goal for k in ("candidate", "baseline")
-                                  if k in samples)
-        ):
-            break
-    if _has_children():
-        return {"fatal": "fork", "case": sets[0].name}
-    # The last timed call on each input set: the server compares these with the reference.
-    for index in range(len(sets)):
-        for name in sets[index].output_meta:
-            out.array(latest[index][name])
-    check = checks["candidate"]
-    return {
-        "inner": inner,
-        "rounds": rounds,
-        "seconds": time.perf_counter() - start,
-        "cpus": sorted(os.sched_getaffinity(0)),
-        "inconsistent_calls": check.bad_calls,
-        "inconsistency": check.first_problem,
-        "inputs_modified": sorted({n for s in sets for n in s.modified_inputs()}),
-        "omp_threads": _omp_team_size(),
-    }
-
-
 def _omp_team_size() -> int | None:
     """The OpenMP team size this process would run with (what ran, not what the flags suggest)."""
     try:
@@ -354,6 +246,8 @@ def main(argv: list[str]) -> int:
         if job["mode"] == "test":
             result = run_test(job, job_path.parent, out, progress)
         else:
+            from kope_mcp.harness_profile import run_profile
+
             result = run_profile(job, job_path.parent, out, progress, Channel(fds.get("timing"), fds.get("ack")))
     except LoadError as exc:
         result = {"fatal": "load_error", "message": str(exc)}

@@ -27,6 +27,7 @@ from kope_mcp.sandbox import (
     SandboxLimits,
     SandboxResult,
     Scratch,
+    capabilities,
     memory_file,
     read_memory_file,
     run_sandboxed,
@@ -266,6 +267,9 @@ class NativeRunner:
             outcome.failed_case = str(outcome.result.get("case"))
             outcome.message = ("the kernel created a child process (fork/clone); kernels must not start "
                                "processes, use OpenMP threads instead")
+        elif fatal == "crash":
+            outcome.status = "crash"
+            outcome.message = str(outcome.result.get("message"))[:800]
         elif fatal == "load_error":
             outcome.status = "load_error"
             outcome.message = f"the kernel library cannot be loaded: {str(outcome.result.get('message'))[:800]}"
@@ -294,6 +298,7 @@ class NativeRunner:
             "task_folder": str(task.folder) if with_reference else None,
             "time_cap_s": time_cap_s,
             "pin_cpu": pin_cpu,
+            "pid_namespace": capabilities().isolated,
             "consistency_atol": consistency[0],
             "consistency_rtol": consistency[1],
         }

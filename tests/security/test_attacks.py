@@ -126,18 +126,22 @@ def test_a_result_file_written_by_the_kernel_is_ignored(workbench):
 
 
 def test_a_kernel_that_slips_fake_batches_into_the_timing_pipe_is_refused(workbench):
-    # Every call closes the harness's batch at once with a well-formed 0 ns claim, and opens one of its own.
+    # Every call closes the harness's batch at once with a well-formed 0 ns claim, and opens one of its own, on
+    # the timing descriptor the job names.
     body = r"""
+    static int fd = -1;
+    if (fd < 0) {
+        char job[65536]; FILE *f = fopen("/kope/in/job.json", "r");
+        size_t got = f ? fread(job, 1, sizeof job - 1, f) : 0; job[got] = 0;
+        if (f) fclose(f);
+        char *at = strstr(job, "\"timing\": ");
+        fd = at ? atoi(at + 10) : -2;
+    }
     struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
     long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
     char fake[128];
     int len = snprintf(fake, sizeof fake, "E candidate 1 %lld %lld\nB candidate\n", now, now);
-    for (int fd = 3; fd < 64; fd++) {
-        struct stat st;
-        if (fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) && (fcntl(fd, F_GETFL) & O_ACCMODE) == O_WRONLY) {
-            if (write(fd, fake, (size_t)len) < 0) {}
-        }
-    }
+    if (fd >= 0 && write(fd, fake, (size_t)len) < 0) {}
 """
     kernel_id, report = compile_and_test(workbench, attack_kernel(body=body))
     assert report.passed, report.message
@@ -277,3 +281,33 @@ def test_the_harness_runs_when_kope_mcp_sits_in_a_folder_no_one_else_can_enter(t
                           cwd=private)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("ok")
+
+
+def test_a_kernel_cannot_slow_the_baseline_down_with_a_thread_of_its_own(workbench):
+    # A thread that burns the (pinned) CPU whenever the kernel itself is not running: in a shared process it made
+    # the baseline and the reference run at half speed, a forged 2x. Each implementation now has its own process,
+    # and the candidate's is stopped while the others are timed.
+    extra = r"""
+#include <pthread.h>
+static volatile int inside, started;
+static void *burn(void *arg) {
+    (void)arg;
+    for (;;) {
+        if (inside) { sched_yield(); continue; }
+        volatile double x = 0.0; for (int i = 0; i < 10000; i++) x += i;
+    }
+    return NULL;
+}
+"""
+    body = """
+    if (!started) { started = 1; pthread_t t; pthread_create(&t, NULL, burn, NULL); }
+    inside = 1;
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    inside = 0;
+    return;
+"""
+    kernel_id, report = compile_and_test(workbench, attack_kernel(body=body, extra=extra))
+    assert report.passed, report.message
+    profile = workbench.profile_kernel(kernel_id, time_reference=False)
+    assert profile.failure is None, profile.message
+    assert profile.speedup_vs_baseline is not None and profile.speedup_vs_baseline < 1.3, profile

@@ -1,0 +1,384 @@
+"""The child side of profile_kernel: each implementation in its own process, only one of them runnable at a time.
+
+The coordinator (this process, which never loads a kernel) forks one worker per implementation before any kernel
+library is loaded. The coordinator and the baseline's and reference's workers are non-dumpable, so the
+candidate's process can neither ptrace them nor read or patch their memory. The coordinator resumes one worker
+for one sample (SIGCONT), waits for its reply and stops it again (SIGSTOP): a kernel's threads cannot run while
+another implementation is timed, so it cannot slow the baseline down or write timing markers in its place. With
+the candidate stopped, the coordinator itself re-poisons and reads the candidate's output buffers in the
+candidate's memory (``process_vm_writev``/``readv``: it is the candidate's parent), so the check of every timed
+call is not the kernel's to forge. The buffers are the worker's own private memory (faulted in by the worker,
+transparent huge pages as for any numpy array), not a shared mapping, which is 25-30% slower to stream through
+here (4 KiB shmem pages). A process the kernel leaves behind ends the measurement: the run has its own PID
+namespace, so /proc lists every process of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import mmap
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kope_mcp.harness import (
+    Channel,
+    Consistency,
+    InputSet,
+    LoadError,
+    ResultWriter,
+    _load_kernel,
+    _load_reference,
+    _omp_team_size,
+    _relative_iqr,
+    poison,
+)
+
+_PR_SET_DUMPABLE = 4
+_IOV_MAX = 1024
+OUTPUT_BUDGET_BYTES = 48 * 1024**2  # fresh buffers per sample: a kernel writes at least its outputs in ~5 ms
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def _dumpable(value: bool) -> None:
+    _libc.prctl(_PR_SET_DUMPABLE, int(value), 0, 0, 0)
+
+
+def _transfer(pid: int, pairs: list[tuple[int, int, int]], *, write: bool) -> None:
+    """Copy (local address, remote address, bytes) between this process and a stopped child."""
+    call = _libc.process_vm_writev if write else _libc.process_vm_readv
+    call.restype = ctypes.c_ssize_t
+    for start in range(0, len(pairs), _IOV_MAX):
+        chunk = pairs[start:start + _IOV_MAX]
+        local = (_IoVec * len(chunk))(*[_IoVec(loc, n) for loc, _, n in chunk])
+        remote = (_IoVec * len(chunk))(*[_IoVec(rem, n) for _, rem, n in chunk])
+        done = call(pid, local, len(chunk), remote, len(chunk), 0)
+        if done != sum(n for _, _, n in chunk):
+            err = ctypes.get_errno()
+            raise MemoryAccessError(f"process_vm_{'writev' if write else 'readv'}: {os.strerror(err) if err else done}")
+
+
+class MemoryAccessError(Exception):
+    pass
+
+
+class Region:
+    """Address space reserved (never touched) by the coordinator for one C implementation's inputs and output
+    buffers; the worker faults it in, so the pages are the worker's own."""
+
+    def __init__(self, sets: list[InputSet], buffers: int) -> None:
+        layout: list[tuple[tuple[str, int, str], np.dtype[Any], tuple[int, ...]]] = []
+        for i, s in enumerate(sets):
+            layout += [(("in", i, n), a.dtype, a.shape) for n, a in s.inputs.items()]
+        for b in range(buffers):
+            layout += [(("out", b, n), np.dtype(m["dtype"]), tuple(m["shape"]))
+                       for n, m in sets[0].output_meta.items()]
+        self.layout: dict[tuple[str, int, str], tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
+        total = 0
+        for index, (key, dtype, shape) in enumerate(layout):
+            # 64-byte aligned, but never a multiple of 4 KiB apart: arrays at the same offset modulo 4 KiB alias
+            # in the store buffer and in every cache set (vector_add was 20% slower with inputs 64 MiB apart).
+            total += (index * 320) % 4096
+            self.layout[key] = (total, dtype, shape)
+            total += -(-int(np.prod(shape)) * dtype.itemsize // 64) * 64
+        self.map = mmap.mmap(-1, max(total, 64), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self.sets, self.buffers = sets, buffers
+
+    def view(self, key: tuple[str, int, str]) -> np.ndarray:
+        """The array at ``key`` in this process (the worker's side)."""
+        offset, dtype, shape = self.layout[key]
+        return np.frombuffer(self.map, dtype=dtype, count=int(np.prod(shape)), offset=offset).reshape(shape)
+
+    def address(self, key: tuple[str, int, str]) -> tuple[int, int]:
+        offset, dtype, shape = self.layout[key]
+        return self.base + offset, int(np.prod(shape)) * dtype.itemsize
+
+    def fill_inputs(self) -> None:
+        if hasattr(self.map, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+            with contextlib.suppress(OSError):
+                self.map.madvise(mmap.MADV_HUGEPAGE)
+        for i, s in enumerate(self.sets):
+            for n, a in s.inputs.items():
+                np.copyto(self.view(("in", i, n)), a)
+
+    def call_args(self, set_index: int, b: int) -> list[Any]:
+        s = self.sets[set_index]
+        values: list[Any] = []
+        for a in s.args:
+            if a["kind"] == "in":
+                values.append(self.address(("in", set_index, a["name"]))[0])
+            elif a["kind"] == "out":
+                values.append(self.address(("out", b, a["name"]))[0])
+            elif a["kind"] == "size":
+                values.append(s.sizes[a["name"]])
+            else:
+                values.append(s.scalars[a["name"]])
+        return values
+
+
+class Worker:
+    def __init__(self, name: str, pid: int, commands: int, replies: int) -> None:
+        self.name, self.pid, self.commands = name, pid, commands
+        self.replies = os.fdopen(replies, "rb", buffering=0)
+        self.calls = 0
+        self.status: int | None = None  # once it died: its exit status, negative for the signal that ended it
+
+    def ask(self, text: str) -> list[str]:
+        os.kill(self.pid, signal.SIGCONT)
+        with contextlib.suppress(BrokenPipeError):
+            os.write(self.commands, (text + "\n").encode())
+        return self.answer()
+
+    def answer(self) -> list[str]:
+        """Its reply, then it is stopped: nothing of it runs until the next ask."""
+        line = self.replies.readline(4096).decode(errors="replace").split()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGSTOP)
+        _, raw = os.waitpid(self.pid, os.WUNTRACED)
+        if os.WIFSIGNALED(raw) or os.WIFEXITED(raw):
+            self.status = -os.WTERMSIG(raw) if os.WIFSIGNALED(raw) else os.WEXITSTATUS(raw)
+        if not line or self.status is not None:
+            raise WorkerDied(self)
+        return line
+
+    def end(self) -> None:
+        if self.status is None:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            self.status = -signal.SIGKILL
+
+
+class WorkerDied(Exception):
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(worker.name)
+        self.worker = worker
+
+
+class ForkedError(Exception):
+    pass
+
+
+def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[InputSet], timing: Channel,
+           commands: int, replies: int) -> None:
+    """A worker's life: load its implementation, then time samples on command. Never returns."""
+    # Non-dumpable is inherited from the coordinator. The candidate alone makes itself dumpable again, so that its
+    # parent, the coordinator, can read and poison its buffers; the other processes that could reach it run only
+    # trusted code (the baseline, the reference).
+    _dumpable(name == "candidate")
+    kernel: Any = None
+    reference: Any = None
+    try:
+        if region is None:
+            reference = _load_reference(job["task_folder"])
+            reference(**sets[0].reference_kwargs())  # lazy imports (torch) outside the timed calls
+        else:
+            region.fill_inputs()
+            kernel = _load_kernel(job["libraries"][name], job["args"])
+    except LoadError as exc:
+        os.write(replies, f"L {exc}\n".encode())
+        os._exit(0)
+    os.write(replies, f"R {_omp_team_size() or 0}\n".encode())
+    pid0 = os.getpid()
+    source = os.fdopen(commands, "rb", buffering=0)
+    while True:
+        command = source.readline(256).split()
+        if len(command) != 3 or command[0] != b"S":
+            os._exit(0)
+        first, n = int(command[1]), int(command[2])
+        chosen = [(first + j) % len(sets) for j in range(n)]
+        calls: list[tuple[Any, list[Any], dict[str, Any]]]
+        if region is not None:
+            calls = [(kernel, region.call_args(i, j), {}) for j, i in enumerate(chosen)]
+        else:
+            calls = [(reference, [], sets[i].reference_kwargs()) for i in chosen]
+        timing.begin(name)
+        t0 = time.monotonic_ns()
+        for fn, args, kwargs in calls:
+            fn(*args, **kwargs)
+        t1 = time.monotonic_ns()
+        timing.mark(f"E {name} {n} {t0} {t1}")
+        if os.getpid() != pid0:
+            os._exit(0)  # a kernel that forked returns twice: the copy vanishes, the coordinator sees the fork
+        os.write(replies, f"D {t0} {t1}\n".encode())
+
+
+def _other_processes(mine: set[int]) -> list[int]:
+    """Processes of the run besides the sandbox's init, the coordinator and its workers (a fresh /proc)."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in mine and int(p) != 1]
+
+
+class CandidateBuffers:
+    """The coordinator's side of the candidate's output buffers: poison them, read them back."""
+
+    def __init__(self, region: Region, pid: int) -> None:
+        self.region, self.pid = region, pid
+        self.names = list(region.sets[0].output_meta)
+        self.local = [region.sets[0].new_outputs() for _ in range(region.buffers)]
+        self.poisoned = region.sets[0].new_outputs()
+        for arr in self.poisoned.values():
+            poison(arr)
+
+    def poison(self, n: int) -> None:
+        _transfer(self.pid, [(self.poisoned[name].ctypes.data, *self.region.address(("out", b, name)))
+                             for b in range(n) for name in self.names], write=True)
+
+    def read(self, n: int) -> list[dict[str, np.ndarray]]:
+        _transfer(self.pid, [(self.local[b][name].ctypes.data, *self.region.address(("out", b, name)))
+                             for b in range(n) for name in self.names], write=False)
+        return self.local[:n]
+
+    def inputs_modified(self) -> list[str]:
+        modified = set()
+        for i, s in enumerate(self.region.sets):
+            for name, pristine in s.inputs.items():
+                seen = np.empty_like(pristine)
+                _transfer(self.pid, [(seen.ctypes.data, *self.region.address(("in", i, name)))], write=False)
+                if not np.array_equal(seen, pristine, equal_nan=True):
+                    modified.add(name)
+        return sorted(modified)
+
+
+def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel,
+                timing: Channel) -> dict[str, Any]:
+    sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
+    for s in sets:
+        s.pristine = s.inputs  # kernels only ever see their region's copies: these stay pristine
+    names = [*job["libraries"], *(["reference"] if job.get("task_folder") else [])]
+    buffers = max(1, min(10_000, OUTPUT_BUDGET_BYTES // max(1, sets[0].output_bytes())))
+    cpu = job.get("pin_cpu")
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    _dumpable(False)
+    workers: dict[str, Worker] = {}
+    regions: dict[str, Region] = {}
+    candidate_omp: int | None = None
+    for name in names:
+        region = Region(sets, buffers) if name != "reference" else None
+        cmd_r, cmd_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            for fd in (out.fd, progress.fd, cmd_w, rep_r, *(w.commands for w in workers.values()),
+                       *(w.replies.fileno() for w in workers.values())):
+                if fd is not None:
+                    os.close(fd)
+            _serve(name, job, region, sets, timing, cmd_r, rep_w)
+        os.close(cmd_r)
+        os.close(rep_w)
+        workers[name] = Worker(name, pid, cmd_w, rep_r)
+        if region is not None:
+            regions[name] = region
+        try:
+            ready = workers[name].answer()
+        except WorkerDied:
+            _end(workers)
+            return {"fatal": "crash", "message": f"the {name} process died while loading its library"}
+        if ready[0] == "L":
+            _end(workers)
+            return {"fatal": "load_error", "message": " ".join(ready[1:])}
+        if name == "candidate":
+            candidate_omp = int(ready[1]) or None
+    expected = {os.getpid(), *(w.pid for w in workers.values())}
+    isolated = bool(job.get("pid_namespace"))
+    checks = Consistency(job["consistency_atol"], job["consistency_rtol"])
+    candidate = CandidateBuffers(regions["candidate"], workers["candidate"].pid)
+    latest: dict[int, dict[str, np.ndarray]] = {}
+
+    def sample(name: str, n: int) -> float:
+        worker = workers[name]
+        if name == "candidate":
+            candidate.poison(n)
+        if isolated and _other_processes(expected):
+            raise ForkedError(name)
+        first = worker.calls
+        worker.calls += n
+        reply = worker.ask(f"S {first} {n}")
+        if reply[0] != "D" or len(reply) != 3:
+            raise WorkerDied(worker)
+        if name == "candidate":
+            for j, outputs in enumerate(candidate.read(n)):
+                set_index = (first + j) % len(sets)
+                checks.check(set_index, outputs, j)
+                latest[set_index] = {k: v.copy() for k, v in outputs.items()}
+        return (int(reply[2]) - int(reply[1])) / 1e9 / n
+
+    cap, target = float(job["time_cap_s"]), float(job.get("sample_target_s", 0.005))
+    min_rounds, max_rounds, rel_iqr_goal = int(job.get("min_rounds", 7)), int(job.get("max_rounds", 5000)), 0.02
+    try:
+        progress.mark("warmup")
+        inner: dict[str, int] = {}
+        for name in names:
+            single = max(sample(name, 1), 1e-7)
+            inner[name] = max(1, min(10_000, math.ceil(target / single)))
+            if name != "reference":
+                inner[name] = min(inner[name], buffers)
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        start = time.perf_counter()
+        rounds = 0
+        progress.mark("measure")
+        timing.mark("M")
+        while rounds < max_rounds:
+            # Rotate the order every round so no implementation always runs right after another one.
+            for name in names[rounds % len(names):] + names[: rounds % len(names)]:
+                samples[name].append(sample(name, inner[name]))
+            rounds += 1
+            if rounds >= min_rounds and (time.perf_counter() - start >= cap or all(
+                    _relative_iqr(samples[k]) <= rel_iqr_goal for k in ("candidate", "baseline") if k in samples)):
+                break
+        seconds = time.perf_counter() - start
+        if isolated and _other_processes(expected):
+            raise ForkedError("candidate")
+        inputs_modified = candidate.inputs_modified()
+    except ForkedError:
+        _end(workers)
+        return {"fatal": "fork", "case": sets[0].name}
+    except WorkerDied as died:
+        _end(workers)
+        return {"fatal": "crash",
+                "message": f"the {died.worker.name} process {_describe(died.worker.status)} at the profiling size"}
+    except MemoryAccessError as exc:
+        _end(workers)
+        return {"fatal": "crash", "message": f"the coordinator cannot reach the candidate's buffers ({exc}); "
+                                             "a kernel that unmapped or protected them?"}
+    _end(workers)
+    for index in range(len(sets)):
+        for name in sets[index].output_meta:
+            out.array(latest[index][name])
+    return {
+        "inner": inner,
+        "rounds": rounds,
+        "seconds": seconds,
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "inconsistent_calls": checks.bad_calls,
+        "inconsistency": checks.first_problem,
+        "inputs_modified": inputs_modified,
+        "omp_threads": candidate_omp,
+    }
+
+
+def _end(workers: dict[str, Worker]) -> None:
+    for worker in workers.values():
+        worker.end()
+
+
+def _describe(status: int | None) -> str:
+    if status is None:
+        return "stopped answering"
+    if status < 0:
+        try:
+            return f"was killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was killed by signal {-status}"
+    return f"exited with code {status} instead of returning"
