@@ -1,9 +1,8 @@
 """Corroborate the harness's timings with the timekeeper's stamps; refuse what cannot be corroborated.
 
 The harness's worker for each implementation writes ``B <impl>`` before every timed batch and waits for the
-timekeeper's acknowledgement, then
-reads ``CLOCK_MONOTONIC`` (t0), makes its calls, reads it again (t1) and writes ``E <impl> <calls> <t0> <t1>``;
-``M`` marks the end of the warm-up. The timekeeper, a trusted process outside the sandbox, prefixes each line
+timekeeper's acknowledgement, then reads ``CLOCK_MONOTONIC`` (t0), makes its calls, reads it again (t1) and
+writes ``E <impl> <calls> <t0> <t1>``; ``M`` marks the end of the warm-up. The timekeeper, a trusted process outside the sandbox, prefixes each line
 with the monotonic time it arrived. A kernel shares its worker's process and could write anything into the pipe
 while it runs (the other workers are stopped then), so:
 
