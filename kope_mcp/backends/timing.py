@@ -2,9 +2,9 @@
 
 The harness's worker for each implementation writes ``B <impl>`` before every timed batch and waits for the
 timekeeper's acknowledgement, then reads ``CLOCK_MONOTONIC`` (t0), makes its calls, reads it again (t1) and
-writes ``E <impl> <calls> <t0> <t1>``; ``M`` marks the end of the warm-up. The timekeeper, a trusted process outside the sandbox, prefixes each line
-with the monotonic time it arrived. A kernel shares its worker's process and could write anything into the pipe
-while it runs (the other workers are stopped then), so:
+writes ``E <impl> <calls> <t0> <t1>``; ``M`` marks the end of the warm-up. The timekeeper, a trusted process
+outside the sandbox, prefixes each line with the monotonic time it arrived. A kernel shares its worker's process
+and could write anything into the pipe while it runs (the other workers are stopped then), so:
 
 - the stream must be exactly the protocol (B and E alternate, same implementation, sane numbers), and the
   measured batches must follow the harness's schedule exactly: every round times each implementation once, in
