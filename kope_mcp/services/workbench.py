@@ -18,7 +18,7 @@ import numpy as np
 from kope_mcp.backends.c import CpuCBackend, TamperedBuildError
 from kope_mcp.backends.cost import count_kernel, valgrind_available
 from kope_mcp.backends.diagnostics import Diagnostic
-from kope_mcp.backends.native_runner import HarnessOutcome, NativeRunner, PreparedCase
+from kope_mcp.backends.native_runner import NativeRunner, PreparedCase
 from kope_mcp.errors import (
     BuildTamperedError,
     DeterministicUnavailableError,
@@ -31,11 +31,7 @@ from kope_mcp.errors import (
     UnknownBackendError,
 )
 from kope_mcp.hardware import (
-    HardwareProfile,
-    copy_bandwidth_gbps,
     detect_hardware,
-    last_level_cache_bytes,
-    peak_gflops,
 )
 from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.records import AgentInfo, AttemptRecord
@@ -47,7 +43,6 @@ from kope_mcp.models import (
     CostCounts,
     DiagnosticInfo,
     FailureKind,
-    ProfileFailure,
     ProfileReport,
     TestReport,
 )
@@ -55,6 +50,7 @@ from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch,
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.services.stats import paired_speedup, summarize
+from kope_mcp.services.verdicts import profile_failure, profile_warnings, suspect_reasons
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tasks.drawn import draw_case
 from kope_mcp.tasks.loader import Task
@@ -63,8 +59,6 @@ from kope_mcp.tasks.spec import CaseSpec
 
 ProgressFn = Callable[[float, float, str], None]
 SEEDS_PER_CASE = 2
-NOISY_RELATIVE_IQR = 0.05
-IMPLAUSIBLE_SPEEDUP = 10.0
 COST_TIMEOUT_S = 300.0
 PROFILE_INPUT_SETS = 2
 log = logging.getLogger(__name__)
@@ -364,7 +358,7 @@ class Workbench:
             )
             costs = self._deterministic_costs(task, candidate, libraries.get("baseline"), sets[0]) \
                 if deterministic and outcome.status == "ok" else None
-        failure, message = self._profile_failure(task, outcome, sets, expected)
+        failure, message = profile_failure(task, outcome, sets, expected)
         if failure is not None:
             report = ProfileReport(
                 kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),
@@ -389,9 +383,9 @@ class Workbench:
         flops, nbytes = task.spec.flop_count(sizes), task.spec.byte_count(sizes)
         median = kernel_stats.median_s
         threads = int(outcome.result.get("omp_threads") or 1) if record.uses_openmp else 1
-        warnings = _profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
+        warnings = profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
                                      nbytes, median, threads, hardware, naive_baseline=base_key == "baseline")
-        suspect_reasons = _suspect_reasons(speedup_ci, flops, nbytes, median, threads, hardware)
+        reasons = suspect_reasons(speedup_ci, flops, nbytes, median, threads, hardware)
         warnings += sandbox_warnings
         if isinstance(costs, str):
             warnings.append(f"no deterministic counts: {costs}")
@@ -406,7 +400,7 @@ class Workbench:
             threads=threads, pinned_cpu=pin, rounds=int(outcome.result.get("rounds", 0)),
             measure_seconds=round(float(outcome.result.get("seconds", 0.0)), 3), hardware=hardware,
             warnings=warnings, deterministic=costs if isinstance(costs, CostCounts) else None,
-            checked_input_sets=len(sets), suspect=bool(suspect_reasons), suspect_reasons=suspect_reasons,
+            checked_input_sets=len(sets), suspect=bool(reasons), suspect_reasons=reasons,
             next_step=(
                 "record what you tried; try the next optimisation and compile it with parent_id="
                 f"'{kernel_id}'" if speedup >= 1.0 else
@@ -416,38 +410,6 @@ class Workbench:
         self.memory.record_profile(kernel_id, report)
         progress(3, 3, f"speedup vs baseline {speedup:.2f}x")
         return report
-
-    def _profile_failure(self, task: Task, outcome: HarnessOutcome, sets: list[PreparedCase],
-                         expected: list[list[np.ndarray]]) -> tuple[ProfileFailure | None, str]:
-        sizes = sets[0].sizes
-        if outcome.status == "unverified":
-            return "timing_unverified", outcome.message
-        if outcome.status == "load_error":
-            return "load_error", outcome.message
-        if outcome.status != "ok":
-            return "crash_at_profile_size", f"at the profiling size {sizes}: {outcome.message}"
-        if outcome.result.get("inconsistent_calls"):
-            return "wrong_at_profile_size", (
-                f"{outcome.result['inconsistent_calls']} timed call(s) at the profiling size {sizes} did not "
-                f"reproduce the kernel's own result on the same inputs ({outcome.result.get('inconsistency')}): "
-                "a kernel must compute every call in full (no caching by pointer, no skipping outputs that "
-                "look written)")
-        if outcome.result.get("inputs_modified"):
-            return "wrong_at_profile_size", (f"the kernel wrote into input(s) {outcome.result['inputs_modified']} "
-                                             f"at the profiling size {sizes}: inputs are read-only")
-        names = [a.name for a in task.outputs()]
-        for case, got, exp in zip(sets, outcome.outputs, expected, strict=True):
-            result, failure = judge_case(case.name, case.sizes, got, exp, names,
-                                         task.spec.tolerance_for(task.spec.profile), [])
-            if failure is not None:
-                where = (f"; {result.mismatches} element(s) wrong, first at flat index {result.first_bad_index} of "
-                         f"{result.first_bad_output!r} (expected {result.expected}, got "
-                         f"{'NaN' if result.got is None else result.got})") if result.mismatches else ""
-                return "wrong_at_profile_size", (
-                    f"the outputs of timed calls at the profiling size {sizes} do not match the reference"
-                    f"{where}; the small test cases passed, so look for size-dependent paths")
-        return None, ""
-
 
 def _digest(diagnostics: list[Diagnostic]) -> str:
     """The first few errors, one line each: enough to recognise the failure without the whole log."""
@@ -487,46 +449,3 @@ def _test_message(passed: bool, failure: FailureKind | None, cases: list[CaseRes
         parts.append("the kernel produced NaN or infinity where the reference is finite (overflow in exp? "
                      "division by zero? uninitialised accumulator?)")
     return "; ".join(parts)
-
-
-def _suspect_reasons(speedup_ci: tuple[float, float], flops: int, nbytes: int, median: float, threads: int,
-                     hardware: HardwareProfile) -> list[str]:
-    """Integrity signals: a result that trips one is recorded but never taught as a win."""
-    reasons = []
-    if speedup_ci[0] <= 1.0 <= speedup_ci[1]:
-        reasons.append(f"the speedup's 95% CI [{speedup_ci[0]:.3f}, {speedup_ci[1]:.3f}] contains 1")
-    peak = peak_gflops(hardware, threads)
-    if flops and flops / median / 1e9 > peak:
-        reasons.append(f"{flops / median / 1e9:.0f} GFLOP/s is above this machine's float32 peak "
-                       f"(~{peak:.0f} GFLOP/s on {threads} thread(s))")
-    llc = last_level_cache_bytes(hardware)
-    if nbytes and llc and nbytes > 2 * llc and nbytes / median / 1e9 > copy_bandwidth_gbps() * threads * 1.5:
-        reasons.append(f"{nbytes / median / 1e9:.1f} GB/s is above the measured memory bandwidth for a working set "
-                       "that does not fit in the last-level cache")
-    return reasons
-
-
-def _profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speedup_ci: tuple[float, float],
-                      nbytes: int, median: float, threads: int, hardware: HardwareProfile,
-                      naive_baseline: bool = True) -> list[str]:
-    warnings = []
-    if max(kernel_riqr, base_riqr) > NOISY_RELATIVE_IQR:
-        warnings.append(f"noisy measurement: relative IQR {kernel_riqr:.1%} (kernel) / {base_riqr:.1%} (baseline); "
-                        "another process may be busy, profile again before trusting small differences")
-    if speedup > IMPLAUSIBLE_SPEEDUP and naive_baseline:
-        warnings.append(f"large speedup {speedup:.1f}x over the naive baseline (the timed calls' outputs were checked "
-                        "at the profiling size): the naive baseline is far from a good kernel here; "
-                        "speedup_vs_reference says how this one compares with numpy")
-    if speedup_ci[0] < 1.0 < speedup_ci[1]:
-        warnings.append(f"the speedup's 95% CI [{speedup_ci[0]:.3f}, {speedup_ci[1]:.3f}] contains 1: not "
-                        "measurably different from the baseline")
-    llc = last_level_cache_bytes(hardware)
-    if nbytes and llc and nbytes > 2 * llc:
-        roof = copy_bandwidth_gbps() * threads * 1.5
-        achieved = nbytes / median / 1e9
-        if achieved > roof:
-            warnings.append(f"faster than the memory roofline: {achieved:.1f} GB/s moved vs about "
-                            f"{roof / 1.5:.1f} GB/s measured copy bandwidth ({threads} thread(s)); suspicious")
-    if threads > 1:
-        warnings.append(f"the kernel used OpenMP on {threads} threads; the baseline and reference are single-threaded")
-    return warnings

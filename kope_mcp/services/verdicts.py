@@ -1,0 +1,91 @@
+"""What a measurement means: failures at the profiling size, the integrity signals that make a result suspect,
+and the warnings a report carries. Pure functions over what the harness returned."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kope_mcp.backends.native_runner import HarnessOutcome, PreparedCase
+from kope_mcp.hardware import HardwareProfile, copy_bandwidth_gbps, last_level_cache_bytes, peak_gflops
+from kope_mcp.models import ProfileFailure
+from kope_mcp.services.correctness import judge_case
+from kope_mcp.tasks.loader import Task
+
+NOISY_RELATIVE_IQR = 0.05
+IMPLAUSIBLE_SPEEDUP = 10.0
+
+
+def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase],
+                    expected: list[list[np.ndarray]]) -> tuple[ProfileFailure | None, str]:
+    """Why a profile is not a measurement (wrong or crashing at the profiling size, ...), or (None, "")."""
+    sizes = sets[0].sizes
+    if outcome.status == "unverified":
+        return "timing_unverified", outcome.message
+    if outcome.status == "load_error":
+        return "load_error", outcome.message
+    if outcome.status != "ok":
+        return "crash_at_profile_size", f"at the profiling size {sizes}: {outcome.message}"
+    if outcome.result.get("inconsistent_calls"):
+        return "wrong_at_profile_size", (
+            f"{outcome.result['inconsistent_calls']} timed call(s) at the profiling size {sizes} did not "
+            f"reproduce the kernel's own result on the same inputs ({outcome.result.get('inconsistency')}): "
+            "a kernel must compute every call in full (no caching by pointer, no skipping outputs that "
+            "look written)")
+    if outcome.result.get("inputs_modified"):
+        return "wrong_at_profile_size", (f"the kernel wrote into input(s) {outcome.result['inputs_modified']} "
+                                         f"at the profiling size {sizes}: inputs are read-only")
+    names = [a.name for a in task.outputs()]
+    for case, got, exp in zip(sets, outcome.outputs, expected, strict=True):
+        result, failure = judge_case(case.name, case.sizes, got, exp, names,
+                                     task.spec.tolerance_for(task.spec.profile), [])
+        if failure is not None:
+            where = (f"; {result.mismatches} element(s) wrong, first at flat index {result.first_bad_index} of "
+                     f"{result.first_bad_output!r} (expected {result.expected}, got "
+                     f"{'NaN' if result.got is None else result.got})") if result.mismatches else ""
+            return "wrong_at_profile_size", (
+                f"the outputs of timed calls at the profiling size {sizes} do not match the reference"
+                f"{where}; the small test cases passed, so look for size-dependent paths")
+    return None, ""
+
+
+def suspect_reasons(speedup_ci: tuple[float, float], flops: int, nbytes: int, median: float, threads: int,
+                     hardware: HardwareProfile) -> list[str]:
+    """Integrity signals: a result that trips one is recorded but never taught as a win."""
+    reasons = []
+    if speedup_ci[0] <= 1.0 <= speedup_ci[1]:
+        reasons.append(f"the speedup's 95% CI [{speedup_ci[0]:.3f}, {speedup_ci[1]:.3f}] contains 1")
+    peak = peak_gflops(hardware, threads)
+    if flops and flops / median / 1e9 > peak:
+        reasons.append(f"{flops / median / 1e9:.0f} GFLOP/s is above this machine's float32 peak "
+                       f"(~{peak:.0f} GFLOP/s on {threads} thread(s))")
+    llc = last_level_cache_bytes(hardware)
+    if nbytes and llc and nbytes > 2 * llc and nbytes / median / 1e9 > copy_bandwidth_gbps() * threads * 1.5:
+        reasons.append(f"{nbytes / median / 1e9:.1f} GB/s is above the measured memory bandwidth for a working set "
+                       "that does not fit in the last-level cache")
+    return reasons
+
+
+def profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speedup_ci: tuple[float, float],
+                      nbytes: int, median: float, threads: int, hardware: HardwareProfile,
+                      naive_baseline: bool = True) -> list[str]:
+    warnings = []
+    if max(kernel_riqr, base_riqr) > NOISY_RELATIVE_IQR:
+        warnings.append(f"noisy measurement: relative IQR {kernel_riqr:.1%} (kernel) / {base_riqr:.1%} (baseline); "
+                        "another process may be busy, profile again before trusting small differences")
+    if speedup > IMPLAUSIBLE_SPEEDUP and naive_baseline:
+        warnings.append(f"large speedup {speedup:.1f}x over the naive baseline (the timed calls' outputs were checked "
+                        "at the profiling size): the naive baseline is far from a good kernel here; "
+                        "speedup_vs_reference says how this one compares with numpy")
+    if speedup_ci[0] < 1.0 < speedup_ci[1]:
+        warnings.append(f"the speedup's 95% CI [{speedup_ci[0]:.3f}, {speedup_ci[1]:.3f}] contains 1: not "
+                        "measurably different from the baseline")
+    llc = last_level_cache_bytes(hardware)
+    if nbytes and llc and nbytes > 2 * llc:
+        roof = copy_bandwidth_gbps() * threads * 1.5
+        achieved = nbytes / median / 1e9
+        if achieved > roof:
+            warnings.append(f"faster than the memory roofline: {achieved:.1f} GB/s moved vs about "
+                            f"{roof / 1.5:.1f} GB/s measured copy bandwidth ({threads} thread(s)); suspicious")
+    if threads > 1:
+        warnings.append(f"the kernel used OpenMP on {threads} threads; the baseline and reference are single-threaded")
+    return warnings
