@@ -434,7 +434,7 @@ async def _demo_session() -> int:
     print(f"  optimised kernel  {timing(fast['kernel'])}, {fast['gflops']:.2f} GFLOP/s")
     print(f"  numpy reference   {timing(fast['reference'])}")
     print(f"  speedup vs naive baseline: {fast['speedup_vs_baseline']:.2f}x (95% CI {lo:.2f}-{hi:.2f}), "
-          "measured interleaved in one process")
+          "measured interleaved in one sandbox, each in its own process")
     print(f"  speedup vs numpy reference: {fast['speedup_vs_reference']:.2f}x")
     print(f"  strategy: {FAST_STRATEGY}")
     for warning in fast["warnings"]:
