@@ -40,14 +40,12 @@ class Batch:
     impl: str
     calls: int
     claimed_s: float
-    stamped_s: float
     left_out_s: float  # the stamped window minus the claim
 
 
 @dataclass
 class CorroboratedTimings:
     samples: dict[str, list[float]] = field(default_factory=dict)  # seconds per call, one per batch
-    stamped: dict[str, list[float]] = field(default_factory=dict)
     inner: dict[str, int] = field(default_factory=dict)
 
 
@@ -75,8 +73,7 @@ def parse_stamps(text: str, impls: list[str]) -> list[Batch]:
                                        "one the timekeeper stamped")
             if measuring:
                 stamped = stamp - open_batch[1]
-                batches.append(Batch(open_batch[0], calls, (t1 - t0) / 1e9, stamped / 1e9,
-                                     (stamped - (t1 - t0)) / 1e9))
+                batches.append(Batch(open_batch[0], calls, (t1 - t0) / 1e9, (stamped - (t1 - t0)) / 1e9))
             open_batch = None
         else:
             raise TimingUnverified(f"line {number} of the timing stream breaks the protocol: {line[:80]!r}")
@@ -110,6 +107,5 @@ def corroborate(batches: list[Batch], order: list[str]) -> CorroboratedTimings:
                 f"{claimed * 1e3:.3f} ms"
             )
         result.samples[impl] = [b.claimed_s / b.calls for b in mine]
-        result.stamped[impl] = [b.stamped_s / b.calls for b in mine]
         result.inner[impl] = mine[0].calls
     return result

@@ -1,5 +1,5 @@
-"""What a measurement means: failures at the profiling size, the integrity signals that make a result suspect,
-and the warnings a report carries. Pure functions over what the harness returned."""
+"""What a measurement means: the verdict of a test run, failures at the profiling size, the integrity signals
+that make a result suspect, and the warnings a report carries. Pure functions over what the harness returned."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import numpy as np
 
 from kope_mcp.backends.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.hardware import HardwareProfile, copy_bandwidth_gbps, last_level_cache_bytes, peak_gflops
-from kope_mcp.models import ProfileFailure
+from kope_mcp.models import CaseResult, FailureKind, ProfileFailure
 from kope_mcp.services.correctness import judge_case
 from kope_mcp.tasks.loader import Task
 
+SEEDS_PER_CASE = 2
 NOISY_RELATIVE_IQR = 0.05
 IMPLAUSIBLE_SPEEDUP = 10.0
 
@@ -89,3 +90,33 @@ def profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speed
     if threads > 1:
         warnings.append(f"the kernel used OpenMP on {threads} threads; the baseline and reference are single-threaded")
     return warnings
+
+
+_FAILURE_ORDER: tuple[FailureKind, ...] = ("crash", "timeout", "input_modified", "wrong_shape", "nan", "mismatch")
+
+
+def worst_failure(failures: list[tuple[FailureKind, CaseResult]]) -> FailureKind | None:
+    kinds = {f for f, _ in failures}
+    return next((k for k in _FAILURE_ORDER if k in kinds), None)
+
+
+def test_message(passed: bool, failure: FailureKind | None, cases: list[CaseResult], task: Task) -> str:
+    if passed:
+        return (f"all {len(cases)} cases passed within the tolerance ({SEEDS_PER_CASE} seeds each; the case drawn "
+                "near the profiling size once)")
+    bad = [c for c in cases if not c.passed]
+    first = bad[0]
+    parts = [f"{len(bad)} of {len(cases)} cases failed; first: {first.name!r} with sizes {first.sizes}"]
+    if failure == "input_modified":
+        parts.append(f"the kernel wrote into input(s) {', '.join(first.inputs_modified)}: inputs are read-only")
+    if first.mismatches:
+        parts.append(f"{first.mismatches} element(s) wrong, first at flat index {first.first_bad_index} of "
+                     f"{first.first_bad_output!r} (expected {first.expected}, got "
+                     f"{'NaN' if first.got is None else first.got})")
+    if first.unwritten:
+        parts.append(f"{first.unwritten} element(s) were never written (still NaN poison): a missing tail loop or "
+                     "a loop bound that stops early?")
+    elif failure == "nan":
+        parts.append("the kernel produced NaN or infinity where the reference is finite (overflow in exp? "
+                     "division by zero? uninitialised accumulator?)")
+    return "; ".join(parts)

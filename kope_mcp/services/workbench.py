@@ -50,7 +50,14 @@ from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch,
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.services.stats import paired_speedup, summarize
-from kope_mcp.services.verdicts import profile_failure, profile_warnings, suspect_reasons
+from kope_mcp.services.verdicts import (
+    SEEDS_PER_CASE,
+    profile_failure,
+    profile_warnings,
+    suspect_reasons,
+    test_message,
+    worst_failure,
+)
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tasks.drawn import draw_case
 from kope_mcp.tasks.loader import Task
@@ -58,7 +65,6 @@ from kope_mcp.tasks.registry import TaskRegistry
 from kope_mcp.tasks.spec import CaseSpec
 
 ProgressFn = Callable[[float, float, str], None]
-SEEDS_PER_CASE = 2
 COST_TIMEOUT_S = 300.0
 PROFILE_INPUT_SETS = 2
 log = logging.getLogger(__name__)
@@ -232,10 +238,10 @@ class Workbench:
                 failures.append((failure, result))
         cases = [merge_seeds(runs) for runs in per_case.values()]
         passed = not failures
-        failure = _worst(failures)
+        failure = worst_failure(failures)
         report = TestReport(
             kernel_id=kernel_id, task_id=task.id, passed=passed, failure=failure,
-            message=_test_message(passed, failure, cases, task),
+            message=test_message(passed, failure, cases, task),
             cases=cases, seeds_per_case=SEEDS_PER_CASE, warnings=sandbox_warnings, drawn_case_seed=drawn_seed,
             next_step=(f"call profile_kernel(kernel_id='{kernel_id}')" if passed else
                        "fix the kernel (see the first bad index of the failing case) and compile it again"),
@@ -421,31 +427,3 @@ def _allowed_cpus() -> set[int]:
     return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
 
 
-_FAILURE_ORDER: tuple[FailureKind, ...] = ("crash", "timeout", "input_modified", "wrong_shape", "nan", "mismatch")
-
-
-def _worst(failures: list[tuple[FailureKind, CaseResult]]) -> FailureKind | None:
-    kinds = {f for f, _ in failures}
-    return next((k for k in _FAILURE_ORDER if k in kinds), None)
-
-
-def _test_message(passed: bool, failure: FailureKind | None, cases: list[CaseResult], task: Task) -> str:
-    if passed:
-        return (f"all {len(cases)} cases passed within the tolerance ({SEEDS_PER_CASE} seeds each; the case drawn "
-                "near the profiling size once)")
-    bad = [c for c in cases if not c.passed]
-    first = bad[0]
-    parts = [f"{len(bad)} of {len(cases)} cases failed; first: {first.name!r} with sizes {first.sizes}"]
-    if failure == "input_modified":
-        parts.append(f"the kernel wrote into input(s) {', '.join(first.inputs_modified)}: inputs are read-only")
-    if first.mismatches:
-        parts.append(f"{first.mismatches} element(s) wrong, first at flat index {first.first_bad_index} of "
-                     f"{first.first_bad_output!r} (expected {first.expected}, got "
-                     f"{'NaN' if first.got is None else first.got})")
-    if first.unwritten:
-        parts.append(f"{first.unwritten} element(s) were never written (still NaN poison): a missing tail loop or "
-                     "a loop bound that stops early?")
-    elif failure == "nan":
-        parts.append("the kernel produced NaN or infinity where the reference is finite (overflow in exp? "
-                     "division by zero? uninitialised accumulator?)")
-    return "; ".join(parts)
