@@ -124,3 +124,25 @@ class BuildTamperedError(KopeError):
     """A cached build's library no longer matches the sha256 recorded when it was built."""
 
     code = "build_tampered"
+
+
+class TargetUnavailableError(KopeError):
+    """The target exists but its toolchain is not installed or does not work here."""
+
+    code = "target_unavailable"
+
+
+class TaskNotOnTargetError(KopeError):
+    """The task has no signature (and no baseline) in that target's language."""
+
+    code = "task_not_on_target"
+
+
+class NoDeviceError(KopeError):
+    """The target compiles here but running or timing needs a device this machine does not have."""
+
+    code = "no_device"
+
+
+class TargetMismatchError(KopeError):
+    code = "target_mismatch"

@@ -30,6 +30,10 @@ _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctype
 POISON_BITS = 0x7FE5A5A5  # a quiet NaN with a payload no arithmetic produces: "never written"
 POISON_BITS_64 = 0x7FFCA5A5A5A5A5A5
 TRAILER_MAGIC = b"KOPERES1"
+# Every buffer a kernel gets during run_tests sits between two guard zones filled with a canary byte, checked after
+# each call: a write past either end (an unmasked tail, an off-by-one) is reported even where it would not fault.
+GUARD_BYTES = 64 * 1024
+CANARY = 0xC3
 
 
 class LoadError(Exception):
@@ -94,21 +98,52 @@ class Channel:
             os.read(self.ack_fd, 1)
 
 
+class GuardedBuffers:
+    """Arrays placed inside larger allocations with canary-filled guard zones before and after."""
+
+    def __init__(self) -> None:
+        self._zones: list[tuple[str, np.ndarray, int, int]] = []
+
+    def empty(self, name: str, shape: list[int] | tuple[int, ...], dtype: str) -> np.ndarray:
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dt.itemsize
+        full = np.empty(nbytes + 2 * GUARD_BYTES, dtype=np.uint8)
+        full[:GUARD_BYTES] = CANARY
+        full[GUARD_BYTES + nbytes:] = CANARY
+        self._zones.append((name, full, nbytes, dt.itemsize))
+        return full[GUARD_BYTES:GUARD_BYTES + nbytes].view(dt).reshape(shape)
+
+    def stray_writes(self) -> list[str]:
+        """'name after its end (+k elements)' for every buffer whose guard zones changed."""
+        found = []
+        for name, full, nbytes, itemsize in self._zones:
+            before = np.flatnonzero(full[:GUARD_BYTES] != CANARY)
+            after = np.flatnonzero(full[GUARD_BYTES + nbytes:] != CANARY)
+            if before.size:
+                found.append(f"{name} before its start (-{(GUARD_BYTES - int(before[0]) + itemsize - 1) // itemsize}"
+                             " elements)")
+            if after.size:
+                found.append(f"{name} after its end (+{int(after[-1]) // itemsize + 1} elements)")
+        return found
+
+
 class InputSet:
     def __init__(self, spec: dict[str, Any], args: list[dict[str, Any]], folder: Path) -> None:
         self.name: str = spec["name"]
         self.sizes: dict[str, int] = spec["sizes"]
         self.args = args
-        self.inputs = {
-            name: np.fromfile(folder / meta["file"], dtype=meta["dtype"]).reshape(meta["shape"])
-            for name, meta in spec["inputs"].items()
-        }
+        self.guards = GuardedBuffers()
+        self.inputs = {}
+        for name, meta in spec["inputs"].items():
+            arr = self.guards.empty(name, meta["shape"], meta["dtype"])
+            arr.reshape(-1)[:] = np.fromfile(folder / meta["file"], dtype=meta["dtype"])
+            self.inputs[name] = arr
         self.pristine = {name: arr.copy() for name, arr in self.inputs.items()}
         self.output_meta: dict[str, dict[str, Any]] = spec["outputs"]
         self.scalars: dict[str, float] = spec.get("scalars", {})
 
     def new_outputs(self) -> dict[str, np.ndarray]:
-        return {name: np.empty(meta["shape"], dtype=meta["dtype"]) for name, meta in self.output_meta.items()}
+        return {name: self.guards.empty(name, meta["shape"], meta["dtype"]) for name, meta in self.output_meta.items()}
 
     def output_bytes(self) -> int:
         return sum(int(np.prod(m["shape"])) * np.dtype(m["dtype"]).itemsize for m in self.output_meta.values())
@@ -173,7 +208,8 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
             return {"fatal": "fork", "case": case.name}
         for name in case.output_meta:
             out.array(outputs[name])
-        results.append({"name": case.name, "seconds": seconds, "inputs_modified": case.modified_inputs()})
+        results.append({"name": case.name, "seconds": seconds, "inputs_modified": case.modified_inputs(),
+                        "out_of_bounds": case.guards.stray_writes()})
     return {"cases": results}
 
 

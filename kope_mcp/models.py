@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from kope_mcp.hardware import HardwareProfile
 
 FailureKind = Literal["not_compiled", "crash", "timeout", "mismatch", "nan", "input_modified", "wrong_shape",
-                      "load_error"]
+                      "load_error", "out_of_bounds_write"]
 ProfileFailure = Literal["wrong_at_profile_size", "crash_at_profile_size", "load_error", "timing_unverified"]
 
 
@@ -17,6 +17,9 @@ class TaskList(BaseModel):
     tasks: list[str] = Field(description="One line per task: '<id> (<family>, L<level>): <summary>'; levels go "
                              "from 1 (plain element-wise) to 4 (fused multi-stage).")
     count: int
+    backends: dict[str, str] = Field(default_factory=dict, description="Per backend: what this server can do with "
+                                     "it (compile, run_tests, profile) and what is missing. A task line lists its "
+                                     "backends when it has more than 'c'.")
     families: list[str] = Field(description="Every family name, for filtering.")
 
 
@@ -46,7 +49,7 @@ class TaskDetail(BaseModel):
     level: int
     summary: str
     description: str
-    prototype: str = Field(description="The exact C prototype your source must define.")
+    prototype: str = Field(description="The exact C prototype your source must define (backend 'c').")
     arguments: list[ArgumentInfo]
     cases: list[CaseInfo] = Field(description="Correctness cases run by run_tests (each with 2 input seeds).")
     profile_case: CaseInfo = Field(description="The size profile_kernel measures.")
@@ -57,8 +60,32 @@ class TaskDetail(BaseModel):
     baseline_source: str | None = Field(description="The naive C baseline that speedups are measured against; null "
                                         "when the task has none and speedups are measured against the reference.")
     rules: list[str]
-    backends: list[str]
-    default_flags: list[str] = Field(description="Flags always passed; yours are appended (a later -O wins).")
+    backends: list[str] = Field(description="The backends this task can be written for (pass one to compile_kernel).")
+    default_flags: list[str] = Field(description="C flags always passed; yours are appended (a later -O wins).")
+    targets: list[TargetSignature] = Field(default_factory=list, description="Per backend other than 'c': the "
+                                           "entry point to define, its naive baseline and rules.")
+
+
+class TargetSignature(BaseModel):
+    backend: str
+    language: str
+    signature: str = Field(description="What your source must define, in that language.")
+    baseline_source: str | None = Field(description="The naive kernel in that language speedups are measured "
+                                        "against.")
+    rules: list[str]
+    available: str = Field(description="What this server can do with it: compile, run, profile, and why not.")
+
+
+class KernelResources(BaseModel):
+    """Static resource use of one compiled GPU kernel (from ptxas / cuobjdump), known without running it."""
+
+    name: str
+    registers: int | None = Field(None, description="Registers per thread.")
+    shared_bytes: int | None = Field(None, description="Static shared memory per block.")
+    local_bytes: int | None = Field(None, description="Local memory (stack/spills) per thread.")
+    spill_stores: int | None = None
+    spill_loads: int | None = None
+    num_warps: int | None = None
 
 
 class DiagnosticInfo(BaseModel):
@@ -79,6 +106,10 @@ class CompileResult(BaseModel):
     cached: bool = Field(description="True when an identical build (same source, flags, task) was reused.")
     flags: list[str]
     parent_id: str | None = None
+    backend: str = "c"
+    target_arch: str | None = Field(None, description="The GPU architecture it was compiled for (GPU backends).")
+    resources: list[KernelResources] = Field(default_factory=list, description="Per GPU kernel: registers, shared "
+                                             "memory, spills (GPU backends).")
     warnings: list[str] = Field(default_factory=list)
     next_step: str
 
@@ -96,6 +127,8 @@ class CaseResult(BaseModel):
     expected: float | None = Field(None, description="Expected value at first_bad_index.")
     got: float | None = Field(None, description="Value found at first_bad_index (NaN is shown as null).")
     inputs_modified: list[str] = Field(default_factory=list)
+    out_of_bounds: list[str] = Field(default_factory=list, description="Buffers the kernel wrote outside of "
+                                     "(guard zones before and after every buffer): 'C after its end (+3 elements)'.")
 
 
 class TestReport(BaseModel):
@@ -192,6 +225,7 @@ class ContextItem(BaseModel):
     kind: Literal["target", "incumbent", "feedback", "case", "fix", "pitfall", "lesson"]
     score: float
     tokens: int
+    target: str | None = Field(None, description="The backend the experience was gained with (c, triton, cuda).")
     why: str = Field(description="Why it was chosen: the filters, matches and measurements behind its score.")
 
 

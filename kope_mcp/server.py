@@ -32,7 +32,8 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
         workbench = Workbench(settings)
         workbench.memory.start()
         try:
-            live.state = AppState(workbench=workbench, experience=ExperienceService(workbench.memory, workbench.tasks))
+            live.state = AppState(workbench=workbench, experience=ExperienceService(
+                workbench.memory, workbench.tasks, workbench.target_hardware_key))
             yield live.state
         finally:
             live.state = None

@@ -5,7 +5,7 @@ the pipe on stdin and appending ``<CLOCK_MONOTONIC ns> <line>`` to stdout (a mem
 stamping a ``B`` (batch begins) line it writes one byte to ACK_FD, and the harness reads its own clock only once
 that byte arrived: so an honest batch's claimed interval always lies inside the stamped one, however late this
 process was scheduled. It is a separate process, not a thread of the server, so that the server's threads (and
-its GIL) do not delay it. The server pairs the stamps with the claims (:mod:`kope_mcp.backends.timing`).
+its GIL) do not delay it. The server pairs the stamps with the claims (:mod:`kope_mcp.targets.timing`).
 
 Only the standard library: it starts in ~20 ms.
 """

@@ -95,8 +95,8 @@ def fill(store: KuzuExperienceStore, n: int, registry: TaskRegistry, rng: random
             signature = None if correct else rng.choice(ERRORS[:3] if not ok else ERRORS[3:])
             attempts.append(AttemptRecord(
                 kernel_id=f"k-{i:010d}", session_id=sessions[-1].session_id, task_id=task.id,
-                family=task.spec.family, hardware_key=hw, backend="c", build_hash="b", source=source(i),
-                source_hash=f"{i}", flags=["-O3"], ok=ok, uses_openmp=False, parent_id=parent,
+                family=task.spec.family, hardware_key=hw, target="c", build_hash="b", source=source(i),
+                source_hash=f"{i}", flags=["-O3"], ok=ok, parent_id=parent,
                 strategy=strategy.name, strategy_id=strategy.strategy_id, created_at=f"2026-01-01T00:{i:010d}",
                 agent="bench", error_signature=signature, tested=ok, correct=correct if ok else None,
                 speedup=speedup, step_ratio=ratio, label=label_for(ok, correct if ok else None, ratio),
@@ -153,9 +153,9 @@ def run(n: int, queries: int, records: int, embedder: BackgroundEmbedder, regist
             task = registry.get(session.task_id)
             attempt = AttemptRecord(
                 kernel_id=f"k-new-{i:06d}", session_id=session.session_id, task_id=task.id, family=task.spec.family,
-                hardware_key=session.hardware_key, backend="c", build_hash="b", source=source(i),
+                hardware_key=session.hardware_key, target="c", build_hash="b", source=source(i),
                 source_hash="h",
-                flags=["-O2"], ok=True, uses_openmp=False, strategy=rng.choice(STRATEGIES), created_at=f"2027-{i:06d}")
+                flags=["-O2"], ok=True, strategy=rng.choice(STRATEGIES), created_at=f"2027-{i:06d}")
             t0 = time.perf_counter()
             memory.record_compile(attempt, None)
             record_compile.append(time.perf_counter() - t0)

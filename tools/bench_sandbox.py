@@ -48,7 +48,7 @@ def measure(tasks: list[str]) -> dict[str, float]:
         assert report.passed, report.message
         # The same sandboxed harness run on the listed cases only: what isolation costs, without the case this
         # version draws near the profiling size.
-        from kope_mcp.backends.native_runner import PreparedCase
+        from kope_mcp.targets.native_runner import PreparedCase
 
         task = bench.tasks.get(task_id)
         cases = [PreparedCase(c.name, c.sizes, task.make_inputs(c.sizes, task.case_seed(c))) for c in task.spec.cases]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
 
 
 class AgentInfo(BaseModel):
@@ -36,13 +38,12 @@ class AttemptRecord(BaseModel):
     task_id: str
     family: str
     hardware_key: str
-    backend: str
+    target: str = Field(description="The execution target that built and ran it: c, triton, cuda, ...")
     build_hash: str
     source: str = Field("", description="The kernel source; empty in retrieval summaries (see store.sources).")
     source_hash: str
     flags: list[str]
     ok: bool = Field(description="Compiled.")
-    uses_openmp: bool
     parent_id: str | None = None
     strategy: str | None = None
     strategy_id: str | None = None
@@ -68,6 +69,15 @@ class AttemptRecord(BaseModel):
     suspect: bool = Field(False, description="The measurement tripped an integrity check: never taught as a win.")
     suspect_reason: str = ""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _before_targets(cls, data: Any) -> Any:
+        # Exports written before execution targets (schema 2) name the target `backend` and carry uses_openmp.
+        if isinstance(data, dict) and "backend" in data:
+            data = {k: v for k, v in data.items() if k not in ("backend", "uses_openmp")} | \
+                {"target": data.get("target") or data["backend"]}
+        return data
+
     @property
     def test(self) -> dict[str, object] | None:
         """The latest run_tests outcome, as the workbench checks it."""
@@ -88,6 +98,7 @@ class LessonRecord(BaseModel):
     task_id: str | None = None
     family: str | None = None
     hardware_key: str | None = None
+    target: str | None = None
     attempt_id: str | None = None
     verified: bool
     label: str

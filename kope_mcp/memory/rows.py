@@ -25,13 +25,22 @@ ATTEMPT_COLUMNS_V1: dict[str, str] = {
 }
 # Migration 2: a measurement that tripped an integrity check is never taught as a win.
 ATTEMPT_COLUMNS_V2: dict[str, tuple[str, str]] = {"suspect": ("BOOLEAN", "false"), "suspect_reason": ("STRING", "''")}
-ATTEMPT_COLUMNS: dict[str, str] = {**ATTEMPT_COLUMNS_V1, **{k: t for k, (t, _) in ATTEMPT_COLUMNS_V2.items()}}
-LESSON_COLUMNS: dict[str, str] = {
+# Migration 3: attempts name their execution target (c, triton, cuda, ...) and whatever a target needs to know
+# about a build (OpenMP for C) lives with the build, not in the memory.
+ATTEMPT_RENAMED_V3 = {"backend": "target"}
+ATTEMPT_DROPPED_V3 = ("uses_openmp",)
+ATTEMPT_COLUMNS: dict[str, str] = {
+    ATTEMPT_RENAMED_V3.get(k, k): t for k, t in ATTEMPT_COLUMNS_V1.items() if k not in ATTEMPT_DROPPED_V3
+} | {k: t for k, (t, _) in ATTEMPT_COLUMNS_V2.items()}
+LESSON_COLUMNS_V1: dict[str, str] = {
     "lesson_id": "STRING", "text": "STRING", "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING",
     "rationale": "STRING", "task_id": "STRING", "family": "STRING", "hardware_key": "STRING",
     "attempt_id": "STRING", "verified": "BOOLEAN", "label": "STRING", "step_ratio": "DOUBLE", "speedup": "DOUBLE",
     "confidence": "DOUBLE", "agent": "STRING", "created_at": "STRING", "search_text": "STRING",
 }
+# Migration 3: a lesson about an attempt carries its target (None: knowledge not tied to a target).
+LESSON_COLUMNS_V3: dict[str, tuple[str, str]] = {"target": ("STRING", "''")}
+LESSON_COLUMNS: dict[str, str] = LESSON_COLUMNS_V1 | {k: t for k, (t, _) in LESSON_COLUMNS_V3.items()}
 JSON_FIELDS = ("flags", "profile_warnings")
 
 
@@ -49,7 +58,7 @@ def attempt_props(record: AttemptRecord) -> dict[str, Any]:
 
 
 def attempt_search_text(record: AttemptRecord) -> str:
-    parts: Iterable[str | None] = (record.task_id, record.family, record.strategy, record.opt_layer,
+    parts: Iterable[str | None] = (record.task_id, record.family, record.target, record.strategy, record.opt_layer,
                                    " ".join(record.flags), record.error_signature, record.failure,
                                    record.failure_message[:300], record.label)
     return " ".join(p for p in parts if p)
@@ -64,7 +73,9 @@ def attempt_from_row(node: dict[str, Any]) -> AttemptRecord:
 
 
 def lesson_from_row(node: dict[str, Any]) -> LessonRecord:
-    return LessonRecord.model_validate({k: v for k, v in node.items() if k in LESSON_COLUMNS and k != "search_text"})
+    data = {k: v for k, v in node.items() if k in LESSON_COLUMNS and k != "search_text"}
+    data["target"] = data.get("target") or None
+    return LessonRecord.model_validate(data)
 
 
 def session_from_row(node: dict[str, Any]) -> SessionRecord:

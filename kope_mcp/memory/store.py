@@ -25,8 +25,12 @@ from kope_mcp.memory.rows import (
     ATTEMPT_COLUMNS,
     ATTEMPT_COLUMNS_V1,
     ATTEMPT_COLUMNS_V2,
+    ATTEMPT_DROPPED_V3,
+    ATTEMPT_RENAMED_V3,
     JSON_FIELDS,
     LESSON_COLUMNS,
+    LESSON_COLUMNS_V1,
+    LESSON_COLUMNS_V3,
     attempt_from_row,
     attempt_props,
     got_further,
@@ -57,7 +61,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         _table("Attempt", ATTEMPT_COLUMNS_V1, "kernel_id"),
         "CREATE NODE TABLE Strategy(strategy_id STRING, name STRING, key STRING, created_at STRING, "
         "PRIMARY KEY (strategy_id))",
-        _table("Lesson", LESSON_COLUMNS, "lesson_id"),
+        _table("Lesson", LESSON_COLUMNS_V1, "lesson_id"),
         f"CREATE NODE TABLE Embedding(id STRING, kind STRING, model STRING, vector FLOAT[{EMBEDDING_DIM}], "
         "PRIMARY KEY (id))",
         "CREATE REL TABLE PREV(FROM Attempt TO Attempt)",
@@ -74,6 +78,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     ]),
     (2, "suspect measurements", [
         f"ALTER TABLE Attempt ADD {name} {typ} DEFAULT {default}" for name, (typ, default) in ATTEMPT_COLUMNS_V2.items()
+    ]),
+    (3, "execution targets", [
+        *(f"ALTER TABLE Attempt RENAME {old} TO {new}" for old, new in ATTEMPT_RENAMED_V3.items()),
+        *(f"ALTER TABLE Attempt DROP {name}" for name in ATTEMPT_DROPPED_V3),
+        *(f"ALTER TABLE Lesson ADD {name} {typ} DEFAULT {default}"
+          for name, (typ, default) in LESSON_COLUMNS_V3.items()),
+        "MATCH (x:Lesson)-[:FROM_ATTEMPT]->(a:Attempt) SET x.target = a.target",
     ]),
 ]
 

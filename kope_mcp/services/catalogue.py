@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
-from kope_mcp.backends.c import BASE_FLAGS
-from kope_mcp.models import ArgumentInfo, CaseInfo, TaskDetail, TaskList, ToleranceInfo
+from kope_mcp.models import ArgumentInfo, CaseInfo, TargetSignature, TaskDetail, TaskList, ToleranceInfo
 from kope_mcp.services.workbench import Workbench
-from kope_mcp.tasks.registry import FAMILIES, TaskRegistry
+from kope_mcp.targets.base import TargetStatus
+from kope_mcp.tasks.registry import FAMILIES
 from kope_mcp.tasks.spec import C_TYPES
 
 
-def list_tasks(tasks: TaskRegistry, family: str | None = None, level: int | None = None) -> TaskList:
-    found = tasks.list(family, level)
+def list_tasks(workbench: Workbench, family: str | None = None, level: int | None = None) -> TaskList:
+    found = workbench.tasks.list(family, level)
+
+    def line(task_id: str, family: str, level: int, summary: str, backends: list[str]) -> str:
+        # Only the exception is spelled out: most tasks are C only, and one line each keeps the whole catalogue
+        # (53 packaged tasks) near 1,500 tokens for the calling model.
+        extra = f" [backends: {', '.join(backends)}]" if backends != ["c"] else ""
+        return f"{task_id} ({family}, L{level}): {summary}{extra}"
+
     return TaskList(
-        # One line each keeps the whole catalogue (53 packaged tasks) near 1,500 tokens for the calling model.
-        tasks=[f"{t.id} ({t.spec.family}, L{t.spec.level}): {t.spec.summary}" for t in found],
+        tasks=[line(t.id, t.spec.family, t.spec.level, t.spec.summary, workbench.backends_for(t)) for t in found],
         count=len(found),
         families=list(FAMILIES),
+        backends={name: describe_status(t.status()) for name, t in workbench.targets.items()},
     )
+
+
+def describe_status(status: TargetStatus) -> str:
+    can = [word for word, on in (("compile", status.compile), ("run_tests", status.run),
+                                 ("profile", status.profile)) if on]
+    text = f"{status.summary}: {', '.join(can) if can else 'unavailable'}"
+    return text + (f" (needs {status.why_not})" if status.why_not and not status.profile else "")
 
 
 def describe_task(workbench: Workbench, task_id: str) -> TaskDetail:
@@ -42,6 +56,13 @@ def describe_task(workbench: Workbench, task_id: str) -> TaskDetail:
         reference_source=task.reference_source,
         baseline_source=task.baseline_source,
         rules=spec.all_rules(),
-        backends=sorted(workbench.backends),
-        default_flags=list(BASE_FLAGS),
+        backends=workbench.backends_for(task),
+        default_flags=workbench.targets["c"].default_flags() if "c" in workbench.targets else [],
+        targets=[
+            TargetSignature(backend=name, language=target.language, signature=signature,
+                            baseline_source=target.baseline_source(task), rules=target.rules(task),
+                            available=describe_status(target.status()))
+            for name, target in workbench.targets.items()
+            if name != "c" and (signature := target.signature(task)) is not None
+        ],
     )

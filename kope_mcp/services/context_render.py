@@ -26,6 +26,8 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
     where = ""
     if rec is not None:
         where = f"{rec.task_id}" + ("" if rec.task_id == task_id else f" ({rec.family})")
+        # C is the default backend; any other is named, since its code does not transfer line for line.
+        where += f" [{rec.target}]" if rec.target != "c" else ""
     if cand.kind == "case" and rec is not None:
         head = (f"- [{rec.label}, step x{rec.step_ratio or 0:.2f}, {rec.speedup or 0:.2f}x vs naive, "
                 f"confidence {rec.confidence:.2f}] {where}: {rec.strategy or 'unnamed change'}; flags "
@@ -53,7 +55,8 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
     assert lesson is not None
     status = (f"verified, {lesson.label}" + (f", {lesson.speedup:.2f}x" if lesson.speedup else "")
               if lesson.verified else "unverified")
-    scope = lesson.task_id or lesson.family or "general"
+    scope = (lesson.task_id or lesson.family or "general") + (f" [{lesson.target}]" if lesson.target not in
+                                                              (None, "c") else "")
     text = f"- [{status}] {scope} / {lesson.strategy}: {lesson.text}"
     if lesson.rationale:
         text += f" (why: {lesson.rationale})"
@@ -105,5 +108,12 @@ def items_for(hot: list[tuple[str, str, str]], chosen: list[tuple[Scored, Candid
     items = [ContextItem(id=i, tier="hot", kind=k, score=1.0, tokens=estimate_tokens(t),  # type: ignore[arg-type]
                          why="required by the current state") for k, i, t in hot]
     items += [ContextItem(id=s.item_id, tier=tier, kind=c.kind, score=s.score,  # type: ignore[arg-type]
-                          tokens=s.tokens, why="; ".join(c.reasons) or "ranked by outcome") for s, c, tier in chosen]
+                          tokens=s.tokens, target=_target_of(c), why="; ".join(c.reasons) or "ranked by outcome")
+              for s, c, tier in chosen]
     return items
+
+
+def _target_of(cand: Candidate) -> str | None:
+    if cand.attempt is not None:
+        return cand.attempt.target
+    return cand.lesson.target if cand.lesson is not None else None

@@ -54,9 +54,12 @@ def judge_case(
     output_names: list[str],
     tolerances: Mapping[str, Tolerance],
     inputs_modified: list[str],
+    out_of_bounds: list[str] | None = None,
 ) -> tuple[CaseResult, FailureKind | None]:
-    result = CaseResult(name=name, sizes=sizes, passed=True, inputs_modified=inputs_modified)
-    failure: FailureKind | None = "input_modified" if inputs_modified else None
+    result = CaseResult(name=name, sizes=sizes, passed=True, inputs_modified=inputs_modified,
+                        out_of_bounds=list(out_of_bounds or []))
+    failure: FailureKind | None = ("out_of_bounds_write" if out_of_bounds else
+                                   "input_modified" if inputs_modified else None)
     nonfinite_total = 0
     for out_name, exp in zip(output_names, expected, strict=True):
         got = outputs[out_name]
@@ -74,7 +77,7 @@ def judge_case(
         if first is not None and result.first_bad_index is None:
             result.first_bad_index, result.first_bad_output = first, out_name
             result.expected, result.got = exp_at, got_at
-    if result.mismatches or inputs_modified:
+    if result.mismatches or inputs_modified or out_of_bounds:
         result.passed = False
         if failure is None:
             failure = "nan" if nonfinite_total and nonfinite_total >= result.mismatches - result.unwritten \
@@ -91,6 +94,7 @@ def merge_seeds(runs: list[CaseResult]) -> CaseResult:
         merged.mismatches = max(merged.mismatches, other.mismatches)
         merged.unwritten = max(merged.unwritten, other.unwritten)
         merged.inputs_modified = sorted(set(merged.inputs_modified) | set(other.inputs_modified))
+        merged.out_of_bounds = list(dict.fromkeys([*merged.out_of_bounds, *other.out_of_bounds]))
         if merged.passed and not other.passed:
             merged.first_bad_index, merged.first_bad_output = other.first_bad_index, other.first_bad_output
             merged.expected, merged.got = other.expected, other.got

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -61,16 +62,20 @@ class QueryState:
     task_id: str | None
     family: str | None
     hardware_key: str
+    target: str | None
     signature: str | None
     latest: AttemptRecord | None
     incumbent: AttemptRecord | None
 
 
 class ExperienceService:
-    def __init__(self, memory: ExperienceMemory, tasks: TaskRegistry) -> None:
+    def __init__(self, memory: ExperienceMemory, tasks: TaskRegistry,
+                 target_hardware: Callable[[str], str | None] | None = None) -> None:
         self.memory = memory
         self.store = memory.store
         self.tasks = tasks
+        # backend name -> the hardware key its results are recorded under (a GPU target's is its GPU's).
+        self.target_hardware = target_hardware or (lambda name: None)
 
     # --- record --------------------------------------------------------------------------------------------
     def record_experience(
@@ -115,6 +120,7 @@ class ExperienceService:
             strategy_id=canonical.strategy_id, opt_layer=opt_layer, rationale=(rationale or "")[:MAX_LESSON_CHARS],
             task_id=task_id, family=family,
             hardware_key=attempt.hardware_key if attempt else (hardware or None),
+            target=attempt.target if attempt else None,
             attempt_id=attempt.kernel_id if attempt else None, verified=verified, label=label,
             step_ratio=attempt.step_ratio if attempt else None, speedup=attempt.speedup if attempt else None,
             confidence=confidence, agent=(agent or AgentInfo()).display, created_at=now(),
@@ -134,13 +140,13 @@ class ExperienceService:
     def query_experience(
         self, query: str, task_id: str | None = None, session_id: str | None = None, phase: Phase | None = None,
         hardware: str | None = None, token_budget: int = 2000, agent: str | None = None,
-        agent_mode: Literal["prefer", "only"] = "prefer",
+        agent_mode: Literal["prefer", "only"] = "prefer", backend: str | None = None,
     ) -> QueryResult:
         warnings: list[str] = []
         if len(query) > MAX_QUERY_CHARS:
             query = query[:MAX_QUERY_CHARS]
             warnings.append(f"the query was cut to its first {MAX_QUERY_CHARS} characters")
-        state = self._state(task_id, session_id, phase, hardware)
+        state = self._state(task_id, session_id, phase, hardware, backend)
         candidates = self._gather(query, state)
         hot = self._hot_items(state)
         scored: dict[str, tuple[Scored, Candidate, str]] = {}
@@ -238,7 +244,7 @@ class ExperienceService:
                 spare -= extra
 
     def _state(self, task_id: str | None, session_id: str | None, phase: Phase | None,
-               hardware: str | None) -> QueryState:
+               hardware: str | None, backend: str | None = None) -> QueryState:
         latest = incumbent = None
         if session_id:
             session = self.store.session(session_id)
@@ -252,9 +258,10 @@ class ExperienceService:
             inferred = ("compile_error" if not latest.ok else
                         "incorrect" if latest.tested and not latest.correct else "optimize")
         signature = latest.error_signature if latest is not None and inferred != "optimize" else None
-        return QueryState(phase=phase or inferred, task_id=task_id, family=family,
-                          hardware_key=hardware or detect_hardware().key, signature=signature, latest=latest,
-                          incumbent=incumbent)
+        target = backend or (latest.target if latest is not None else None)
+        hardware = hardware or (self.target_hardware(target) if target else None) or detect_hardware().key
+        return QueryState(phase=phase or inferred, task_id=task_id, family=family, hardware_key=hardware,
+                          target=target, signature=signature, latest=latest, incumbent=incumbent)
 
     def _gather(self, query: str, state: QueryState) -> dict[str, Candidate]:
         found: dict[str, Candidate] = {}
@@ -330,6 +337,9 @@ class ExperienceService:
         task_id = rec.task_id if rec else (lesson.task_id if lesson else None)
         family = rec.family if rec else (lesson.family if lesson else None)
         hw = rec.hardware_key if rec else (lesson.hardware_key if lesson else None)
+        target = rec.target if rec else (lesson.target if lesson else None)
+        # Another backend's experience on the same family still carries the algorithm, not the code.
+        other_target = bool(state.target and target and target != state.target)
         same_task = bool(task_id and task_id == state.task_id)
         same_family = bool(family and family == state.family)
         same_hw = hw is None or hw == state.hardware_key
@@ -355,11 +365,14 @@ class ExperienceService:
             multiplier *= 2.0
         if not same_hw:
             multiplier *= 0.6
+        if other_target:
+            multiplier *= 0.5
         score = round(relevance * quality * multiplier, 4)
         local = (same_task or same_family or same_sig or (cand.kind == "lesson" and task_id is None))
-        tier = "warm" if local and same_hw else "cold"
+        tier = "warm" if local and same_hw and not other_target else "cold"
         why = list(dict.fromkeys(cand.reasons))
         flags = (("same hardware", same_hw and hw is not None), ("other hardware", not same_hw),
+                 (f"other backend ({target})", other_target),
                  (f"BM25 {cand.bm25:.2f}", cand.bm25 > 0), (f"cosine {cand.cosine:.2f}", cand.cosine > 0),
                  )
         why += [w for w, on in flags if on]
@@ -373,8 +386,9 @@ class ExperienceService:
         hot: list[tuple[str, str, str]] = []
         if state.task_id:
             spec = self.tasks.get(state.task_id).spec
+            backend = f", backend {state.target}" if state.target else ""
             hot.append(("target", state.task_id, f"Target: `{spec.id}` ({spec.family}, level {spec.level}): "
-                        f"{spec.summary}. Hardware {state.hardware_key}. Phase: {state.phase}."))
+                        f"{spec.summary}. Hardware {state.hardware_key}{backend}. Phase: {state.phase}."))
         if state.incumbent is not None:
             inc = state.incumbent
             hot.append(("incumbent", inc.kernel_id, f"Incumbent: {inc.kernel_id}, {inc.speedup:.2f}x vs the naive "

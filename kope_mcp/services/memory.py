@@ -167,9 +167,10 @@ class ExperienceMemory:
             self._known_hardware.add(hw.key)
         return hw
 
-    def create_session(self, task: Task, agent: AgentInfo | None) -> SessionRecord:
+    def create_session(self, task: Task, agent: AgentInfo | None,
+                       hardware: HardwareProfile | None = None) -> SessionRecord:
         self.ensure_task(task)
-        hw = self.ensure_hardware()
+        hw = self.ensure_hardware(hardware)
         record = SessionRecord(session_id=new_id("s"), task_id=task.id, hardware_key=hw.key,
                                agent=agent or AgentInfo(), created_at=now())
         self.store.add_session(record)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kope_mcp.backends.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.hardware import HardwareProfile, copy_bandwidth_gbps, last_level_cache_bytes, peak_gflops
 from kope_mcp.models import CaseResult, FailureKind, ProfileFailure
 from kope_mcp.services.correctness import judge_case
+from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.tasks.loader import Task
 
 SEEDS_PER_CASE = 2
@@ -50,11 +50,14 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
 
 
 def suspect_reasons(speedup_ci: tuple[float, float], flops: int, nbytes: int, median: float, threads: int,
-                     hardware: HardwareProfile) -> list[str]:
-    """Integrity signals: a result that trips one is recorded but never taught as a win."""
+                     hardware: HardwareProfile | None) -> list[str]:
+    """Integrity signals: a result that trips one is recorded but never taught as a win. ``hardware`` is the CPU
+    whose peaks bound a plausible result (None: the target has no such bound)."""
     reasons = []
     if speedup_ci[0] <= 1.0 <= speedup_ci[1]:
         reasons.append(f"the speedup's 95% CI [{speedup_ci[0]:.3f}, {speedup_ci[1]:.3f}] contains 1")
+    if hardware is None:
+        return reasons
     peak = peak_gflops(hardware, threads)
     if flops and flops / median / 1e9 > peak:
         reasons.append(f"{flops / median / 1e9:.0f} GFLOP/s is above this machine's float32 peak "
@@ -67,7 +70,7 @@ def suspect_reasons(speedup_ci: tuple[float, float], flops: int, nbytes: int, me
 
 
 def profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speedup_ci: tuple[float, float],
-                      nbytes: int, median: float, threads: int, hardware: HardwareProfile,
+                      nbytes: int, median: float, threads: int, hardware: HardwareProfile | None,
                       naive_baseline: bool = True) -> list[str]:
     warnings = []
     if max(kernel_riqr, base_riqr) > NOISY_RELATIVE_IQR:
@@ -80,7 +83,7 @@ def profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speed
     if speedup_ci[0] < 1.0 < speedup_ci[1]:
         warnings.append(f"the speedup's 95% CI [{speedup_ci[0]:.3f}, {speedup_ci[1]:.3f}] contains 1: not "
                         "measurably different from the baseline")
-    llc = last_level_cache_bytes(hardware)
+    llc = last_level_cache_bytes(hardware) if hardware is not None else 0
     if nbytes and llc and nbytes > 2 * llc:
         roof = copy_bandwidth_gbps() * threads * 1.5
         achieved = nbytes / median / 1e9
@@ -92,7 +95,8 @@ def profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speed
     return warnings
 
 
-_FAILURE_ORDER: tuple[FailureKind, ...] = ("crash", "timeout", "input_modified", "wrong_shape", "nan", "mismatch")
+_FAILURE_ORDER: tuple[FailureKind, ...] = ("crash", "timeout", "out_of_bounds_write", "input_modified", "wrong_shape",
+                                           "nan", "mismatch")
 
 
 def worst_failure(failures: list[tuple[FailureKind, CaseResult]]) -> FailureKind | None:
@@ -100,13 +104,17 @@ def worst_failure(failures: list[tuple[FailureKind, CaseResult]]) -> FailureKind
     return next((k for k in _FAILURE_ORDER if k in kinds), None)
 
 
-def test_message(passed: bool, failure: FailureKind | None, cases: list[CaseResult], task: Task) -> str:
+def test_message(passed: bool, failure: FailureKind | None, cases: list[CaseResult], task: Task,
+                 drawn: bool = True) -> str:
     if passed:
-        return (f"all {len(cases)} cases passed within the tolerance ({SEEDS_PER_CASE} seeds each; the case drawn "
-                "near the profiling size once)")
+        return (f"all {len(cases)} cases passed within the tolerance ({SEEDS_PER_CASE} seeds each"
+                f"{'; the case drawn near the profiling size once' if drawn else ''})")
     bad = [c for c in cases if not c.passed]
     first = bad[0]
     parts = [f"{len(bad)} of {len(cases)} cases failed; first: {first.name!r} with sizes {first.sizes}"]
+    if first.out_of_bounds:
+        parts.append(f"the kernel wrote outside its buffers: {'; '.join(first.out_of_bounds)} (an unmasked tail? "
+                     "every load and store past the last element must be masked or bounds-checked)")
     if failure == "input_modified":
         parts.append(f"the kernel wrote into input(s) {', '.join(first.inputs_modified)}: inputs are read-only")
     if first.mismatches:

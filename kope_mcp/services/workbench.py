@@ -11,27 +11,22 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from kope_mcp.backends.c import CpuCBackend, TamperedBuildError
-from kope_mcp.backends.cost import count_kernel, valgrind_available
-from kope_mcp.backends.diagnostics import Diagnostic
-from kope_mcp.backends.native_runner import NativeRunner, PreparedCase
 from kope_mcp.errors import (
     BuildTamperedError,
-    DeterministicUnavailableError,
     FailedTestsError,
+    NoDeviceError,
     NotCompiledError,
     NotTestedError,
     SandboxUnavailableError,
     SourceTooLargeError,
+    TargetMismatchError,
+    TargetUnavailableError,
     TaskMismatchError,
+    TaskNotOnTargetError,
     UnknownBackendError,
-)
-from kope_mcp.hardware import (
-    detect_hardware,
 )
 from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.records import AgentInfo, AttemptRecord
@@ -43,6 +38,7 @@ from kope_mcp.models import (
     CostCounts,
     DiagnosticInfo,
     FailureKind,
+    KernelResources,
     ProfileReport,
     TestReport,
 )
@@ -59,13 +55,17 @@ from kope_mcp.services.verdicts import (
     worst_failure,
 )
 from kope_mcp.settings import KopeSettings
+from kope_mcp.targets.base import CompileOptions, Target
+from kope_mcp.targets.builds import TamperedBuildError
+from kope_mcp.targets.diagnostics import Diagnostic
+from kope_mcp.targets.native_runner import PreparedCase
+from kope_mcp.targets.registry import load_targets
 from kope_mcp.tasks.drawn import draw_case
 from kope_mcp.tasks.loader import Task
 from kope_mcp.tasks.registry import TaskRegistry
 from kope_mcp.tasks.spec import CaseSpec
 
 ProgressFn = Callable[[float, float, str], None]
-COST_TIMEOUT_S = 300.0
 PROFILE_INPUT_SETS = 2
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,11 @@ def _noop(done: float, total: float, message: str) -> None:
 
 
 class Workbench:
+    """A device-agnostic compile -> test -> profile orchestrator: the target (backend + device) builds, runs and
+    times; the workbench records, judges against the reference and computes the statistics, the same for all."""
+
     def __init__(self, settings: KopeSettings, tasks: TaskRegistry | None = None,
-                 memory: ExperienceMemory | None = None) -> None:
+                 memory: ExperienceMemory | None = None, targets: dict[str, Target] | None = None) -> None:
         self.settings = settings
         self.home_warnings = settings.ensure_home()
         for warning in self.home_warnings:
@@ -96,13 +99,38 @@ class Workbench:
         self.memory = memory or ExperienceMemory(KuzuExperienceStore(settings.memory_path),
                                                  BackgroundEmbedder(settings.embeddings))
         self.store = self.memory.store
-        self.backends = {"c": CpuCBackend(settings.builds_dir, settings.scratch_dir, settings.compiler,
-                                          settings.compile_timeout_s)}
-        self.runner = NativeRunner(settings.memory_limit_bytes, settings.scratch_dir)
+        self.targets = targets if targets is not None else load_targets(settings)
         # Profiles never overlap: a second measurement on a 2-core machine would be the noisy neighbour.
         self._measure_lock = threading.Lock()
         self._expected_cache: dict[tuple[str, str, int], Prepared] = {}
         self._cache_lock = threading.Lock()
+
+    @property
+    def backends(self) -> dict[str, Target]:
+        return self.targets
+
+    def target(self, name: str, task: Task | None = None) -> Target:
+        """The target named ``name``, usable here and for ``task``; raises a fixable error otherwise."""
+        if name not in self.targets:
+            raise UnknownBackendError(name, self.targets)
+        target = self.targets[name]
+        status = target.status()
+        if not status.compile:
+            usable = [n for n, t in self.targets.items() if t.status().compile]
+            raise TargetUnavailableError(f"backend {name!r} cannot be used on this server: {status.why_not}. "
+                                         f"Usable here: {', '.join(usable) or 'none'} (`kope doctor` says more)")
+        if task is not None and not target.supports(task):
+            on = [n for n, t in self.targets.items() if t.supports(task)]
+            raise TaskNotOnTargetError(f"task {task.id!r} has no {target.language} version; backends for it: "
+                                       f"{', '.join(on)} (list_tasks shows each task's backends)")
+        return target
+
+    def target_hardware_key(self, name: str) -> str | None:
+        target = self.targets.get(name)
+        return target.hardware().key if target is not None else None
+
+    def backends_for(self, task: Task) -> list[str]:
+        return [name for name, t in self.targets.items() if t.supports(task)]
 
     # --- compile -------------------------------------------------------------------------------------------
     def compile_kernel(
@@ -116,14 +144,15 @@ class Workbench:
         flags: list[str] | None = None,
         progress: ProgressFn = _noop,
         agent: AgentInfo | None = None,
+        target_arch: str | None = None,
     ) -> CompileResult:
         task = self.tasks.get(task_id)
-        if backend not in self.backends:
-            raise UnknownBackendError(backend, self.backends)
+        target = self.target(backend, task)
         size = len(source.encode("utf-8"))
         if size > self.settings.max_source_bytes:
             raise SourceTooLargeError(size, self.settings.max_source_bytes)
         sandbox_warnings = self._require_sandbox()
+        hardware = target.hardware()
         parent = self.store.attempt(parent_id) if parent_id else None
         if parent is not None and parent.task_id != task_id:
             raise TaskMismatchError(f"parent {parent_id} is a kernel for task {parent.task_id!r}, not {task_id!r}")
@@ -137,21 +166,29 @@ class Workbench:
         elif parent is not None:
             session = self.store.session(parent.session_id)
         else:
-            session = self.memory.create_session(task, agent)
+            session = self.memory.create_session(task, agent, hardware)
+        if session.hardware_key != hardware.key:
+            raise TargetMismatchError(
+                f"session {session.session_id} runs on {session.hardware_key!r}; backend {backend!r} runs on "
+                f"{hardware.key!r}. Omit session_id and parent_id to start a session for backend {backend!r}")
         if parent is None:
             parent = self.memory.latest_in_session(session.session_id)
-        progress(0, 1, f"compiling for {task_id}")
-        build = self.backends[backend].compile(task, source, flags)
+        progress(0, 1, f"compiling for {task_id} ({backend})")
+        build = target.compile(task, source, list(flags or []), CompileOptions(target_arch=target_arch))
         first_error = next((d.message for d in build.diagnostics if d.severity == "error"), None)
         record = self.memory.record_compile(AttemptRecord(
             kernel_id=new_id("k"), session_id=session.session_id, task_id=task_id, family=task.spec.family,
-            hardware_key=session.hardware_key, backend=backend, build_hash=build.build_hash, source=source,
-            source_hash=source_hash(source), flags=build.flags, ok=build.ok, uses_openmp=build.uses_openmp,
+            hardware_key=session.hardware_key, target=backend, build_hash=build.build_hash, source=source,
+            source_hash=source_hash(source), flags=build.flags, ok=build.ok,
             parent_id=parent.kernel_id if parent else None, strategy=strategy, created_at=now(),
             agent=(agent or session.agent).display, diagnostics_digest=_digest(build.diagnostics),
         ), first_error)
         progress(1, 1, "compiled" if build.ok else "compile failed")
         errors = sum(1 for d in build.diagnostics if d.severity == "error")
+        status = target.status()
+        warnings = list(sandbox_warnings)
+        if build.ok and not status.run:
+            warnings.append(f"compiled only: this server cannot run {backend!r} kernels ({status.why_not})")
         return CompileResult(
             kernel_id=record.kernel_id,
             session_id=session.session_id,
@@ -164,9 +201,13 @@ class Workbench:
             cached=build.cached,
             flags=build.flags,
             parent_id=record.parent_id,
-            warnings=sandbox_warnings,
+            backend=backend,
+            target_arch=build.traits.get("target_arch"),
+            resources=[KernelResources.model_validate(r) for r in build.traits.get("resources", [])],
+            warnings=warnings,
             next_step=(
-                f"call run_tests(kernel_id='{record.kernel_id}')" if build.ok else
+                f"call run_tests(kernel_id='{record.kernel_id}')" if build.ok and status.run else
+                f"the build is good; run_tests needs {status.why_not}" if build.ok else
                 f"fix the {errors or 'reported'} error(s) at the listed lines and call compile_kernel again with "
                 f"session_id='{session.session_id}'"
             ),
@@ -198,16 +239,21 @@ class Workbench:
             )
             self._save_test(record, report)
             return report
+        target = self.target(record.target)
+        status = target.status()
+        if not status.run:
+            raise NoDeviceError(f"kernel {kernel_id} ({record.target}) compiled, but this server cannot run it: "
+                                f"{status.why_not}")
         sandbox_warnings = self._require_sandbox()
         progress(0, 3, "preparing inputs and reference outputs")
         prepared = [self._prepared(task, c, s) for c in task.spec.cases for s in range(SEEDS_PER_CASE)]
-        drawn_seed = secrets.randbelow(2**31) if task.spec.drawn_cases else None
+        drawn_seed = secrets.randbelow(2**31) if task.spec.drawn_cases and target.draws_cases else None
         if drawn_seed is not None:
             prepared.append(self._prepared(task, draw_case(task.spec, drawn_seed), 0, cache=False))
-        build = self._artifact(record.backend, record.build_hash)
-        progress(1, 3, f"running {len(prepared)} case runs in the sandbox")
-        outcome = self.runner.run_tests(task, build, [p.case for p in prepared], self.settings.test_timeout_s,
-                                        record.uses_openmp)
+        self._check_build(target, record.build_hash)
+        progress(1, 3, f"running {len(prepared)} case runs in the sandbox ({status.summary})")
+        outcome = target.run_cases(task, record.build_hash, [p.case for p in prepared],
+                                   wall_s=self.settings.test_timeout_s)
         progress(2, 3, "comparing with the reference")
         if outcome.status != "ok":
             failed = outcome.failed_case
@@ -220,8 +266,8 @@ class Workbench:
                 message=outcome.message,
                 cases=[CaseResult(name=failed, sizes=sizes, passed=False)] if failed else [],
                 seeds_per_case=SEEDS_PER_CASE, warnings=sandbox_warnings, drawn_case_seed=drawn_seed,
-                next_step=("the library does not load: define every function you call (or include the header "
-                           "that declares it) and recompile" if failure_kind == "load_error" else
+                next_step=("the kernel does not load: define every function you call (or include/import what "
+                           "declares it) and recompile" if failure_kind == "load_error" else
                            "fix the crash (check indices against the sizes in the failing case) and recompile"),
             )
             self._save_test(record, report)
@@ -232,42 +278,27 @@ class Workbench:
         for item, got, meta in zip(prepared, outcome.outputs, outcome.result["cases"], strict=True):
             case = item.case
             result, failure = judge_case(case.name, case.sizes, got, item.expected, names,
-                                         task.spec.tolerance_for(item.spec), meta["inputs_modified"])
+                                         task.spec.tolerance_for(item.spec), meta["inputs_modified"],
+                                         meta.get("out_of_bounds", []))
             per_case.setdefault(case.name, []).append(result)
             if failure:
                 failures.append((failure, result))
         cases = [merge_seeds(runs) for runs in per_case.values()]
         passed = not failures
         failure = worst_failure(failures)
+        warnings = sandbox_warnings + ([f"run {status.summary}: correctness only, no case drawn near the "
+                                        "profiling size"] if not target.draws_cases else [])
         report = TestReport(
             kernel_id=kernel_id, task_id=task.id, passed=passed, failure=failure,
-            message=test_message(passed, failure, cases, task),
-            cases=cases, seeds_per_case=SEEDS_PER_CASE, warnings=sandbox_warnings, drawn_case_seed=drawn_seed,
-            next_step=(f"call profile_kernel(kernel_id='{kernel_id}')" if passed else
+            message=test_message(passed, failure, cases, task, drawn=drawn_seed is not None),
+            cases=cases, seeds_per_case=SEEDS_PER_CASE, warnings=warnings, drawn_case_seed=drawn_seed,
+            next_step=(f"call profile_kernel(kernel_id='{kernel_id}')" if passed and status.profile else
+                       f"passed; profile_kernel needs {status.why_not}" if passed else
                        "fix the kernel (see the first bad index of the failing case) and compile it again"),
         )
         self._save_test(record, report)
         progress(3, 3, "passed" if passed else f"failed: {failure}")
         return report
-
-    def _deterministic_costs(self, task: Task, candidate: Path, baseline: Path | None,
-                             case: PreparedCase) -> CostCounts | str:
-        if not valgrind_available():
-            raise DeterministicUnavailableError(
-                "valgrind is not installed on the server's machine; call profile_kernel with deterministic=false"
-            )
-        kernel = count_kernel(task, candidate, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S,
-                              self.settings.scratch_dir)
-        if isinstance(kernel, str):
-            return kernel
-        base = count_kernel(task, baseline, case.inputs, case.sizes, self.settings.compiler, COST_TIMEOUT_S,
-                            self.settings.scratch_dir) if baseline is not None else "no C baseline"
-        return CostCounts(
-            tool="valgrind callgrind (--toggle-collect=kernel --cache-sim=yes)",
-            instructions=kernel.instructions, data_reads=kernel.data_reads, data_writes=kernel.data_writes,
-            l1_data_misses=kernel.l1_data_misses, last_level_misses=kernel.last_level_misses,
-            baseline_instructions=base.instructions if not isinstance(base, str) else None,
-        )
 
     def _require_sandbox(self) -> list[str]:
         """Warnings every result carries; refuses when kernels cannot be isolated and the user did not opt out."""
@@ -281,9 +312,10 @@ class Workbench:
             "isolation layer. Fix that, or set KOPE_UNSAFE_NO_SANDBOX=1 for the server to run kernels with "
             "this user's rights (every result then says so)")
 
-    def _artifact(self, backend: str, build_hash: str) -> Path:
+    @staticmethod
+    def _check_build(target: Target, build_hash: str) -> None:
         try:
-            return self.backends[backend].artifact(build_hash)
+            target.check_build(build_hash)
         except TamperedBuildError as exc:
             raise BuildTamperedError(f"{exc}; it will not be loaded. Call compile_kernel again with the same "
                                      "source to rebuild it") from exc
@@ -314,6 +346,11 @@ class Workbench:
         record = self.store.attempt(kernel_id)
         if not record.ok:
             raise NotCompiledError(f"kernel {kernel_id} did not compile; fix it and call compile_kernel again")
+        target = self.target(record.target)
+        status = target.status()
+        if not status.profile:
+            raise NoDeviceError(f"kernel {kernel_id} ({record.target}) cannot be timed on this server: "
+                                f"{status.why_not}")
         if record.test is None:
             raise NotTestedError(f"kernel {kernel_id} has not been tested; call run_tests(kernel_id='{kernel_id}') "
                                  "first: only a correct kernel is profiled")
@@ -322,17 +359,7 @@ class Workbench:
                                    "kernel is profiled: fix it, recompile and test again")
         sandbox_warnings = self._require_sandbox()
         task = self.tasks.get(record.task_id)
-        backend = self.backends[record.backend]
-        candidate = self._artifact(record.backend, record.build_hash)
-        libraries = {"candidate": candidate}
-        if task.baseline_source is not None:
-            baseline = backend.compile_baseline(task)
-            if baseline.artifact is None:
-                raise RuntimeError(f"the baseline of task {task.id} does not compile: {baseline.log}")
-            libraries["baseline"] = self._artifact(record.backend, baseline.build_hash)
-        # Without a C baseline (a KernelBench import) the reference is the baseline, as KernelBench measures it.
-        base_key = "baseline" if "baseline" in libraries else "reference"
-        with_reference = time_reference or base_key == "reference"
+        self._check_build(target, record.build_hash)
         profile = task.spec.profile
         sizes = profile.sizes
         progress(0, 3, "preparing input sets and reference outputs at the profiling size")
@@ -340,35 +367,26 @@ class Workbench:
                              task.make_inputs(sizes, task.case_seed(profile, r), profile.ranges))
                 for r in range(PROFILE_INPUT_SETS)]
         expected = [self._profile_expected(task, case) for case in sets]
-        hardware = detect_hardware()
-        allowed = sorted(_allowed_cpus())
-        pin = None if record.uses_openmp else allowed[-1]
-        # The timekeeper shares the kernel's CPU: woken by a marker it preempts the harness at once (outside the
-        # timed region: the harness waits for its acknowledgement before reading the clock), where on another
-        # CPU it would queue behind whatever else runs there.
-        timing_cpu = pin
+        hardware = target.hardware()
         tol = next(iter(task.spec.tolerance_for(profile).values()))
         progress(1, 3, "waiting for the measurement slot")
         queued = time.monotonic()
         with self._measure_lock:
             wait = time.monotonic() - queued
             cap = self.settings.profile_time_cap_s
-            timed = "kernel, baseline and reference" if with_reference and base_key == "baseline" else \
-                "kernel and baseline"
-            progress(2, 3, f"measuring {timed} interleaved (~{cap:g} s)")
-            outcome = self.runner.profile(
-                task, libraries, sets,
-                time_cap_s=self.settings.profile_time_cap_s, with_reference=with_reference,
-                openmp=record.uses_openmp, pin_cpu=pin, timing_cpu=timing_cpu,
-                wall_s=self.settings.profile_time_cap_s * 4 + 60, consistency=(tol.atol, tol.rtol),
-            )
-            costs = self._deterministic_costs(task, candidate, libraries.get("baseline"), sets[0]) \
+            progress(2, 3, f"measuring kernel, baseline{' and reference' if time_reference else ''} interleaved "
+                     f"(~{cap:g} s)")
+            measured = target.profile(task, record.build_hash, sets, with_reference=time_reference,
+                                      time_cap_s=cap, consistency=(tol.atol, tol.rtol), wall_s=cap * 4 + 60)
+            outcome = measured.outcome
+            costs = target.deterministic_costs(task, record.build_hash, sets[0]) \
                 if deterministic and outcome.status == "ok" else None
+        base_key, pin, threads = measured.baseline_key, measured.pinned_cpu, measured.threads
         failure, message = profile_failure(task, outcome, sets, expected)
         if failure is not None:
             report = ProfileReport(
                 kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),
-                failure=failure, message=message, hardware=hardware, warnings=sandbox_warnings,
+                failure=failure, message=message, hardware=hardware, warnings=sandbox_warnings + measured.warnings,
                 threads=1, pinned_cpu=pin, rounds=0, measure_seconds=0.0,
                 next_step=("the measurement could not be corroborated: profile again on a quieter machine"
                            if failure == "timing_unverified" else
@@ -388,11 +406,11 @@ class Workbench:
         speedup_ref = paired_speedup(samples["reference"], samples["candidate"])[0] if ref_stats else None
         flops, nbytes = task.spec.flop_count(sizes), task.spec.byte_count(sizes)
         median = kernel_stats.median_s
-        threads = int(outcome.result.get("omp_threads") or 1) if record.uses_openmp else 1
+        roofline = target.roofline()
         warnings = profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
-                                     nbytes, median, threads, hardware, naive_baseline=base_key == "baseline")
-        reasons = suspect_reasons(speedup_ci, flops, nbytes, median, threads, hardware)
-        warnings += sandbox_warnings
+                                     nbytes, median, threads, roofline, naive_baseline=base_key == "baseline")
+        reasons = suspect_reasons(speedup_ci, flops, nbytes, median, threads, roofline)
+        warnings += sandbox_warnings + measured.warnings
         if isinstance(costs, str):
             warnings.append(f"no deterministic counts: {costs}")
         if wait > 0.05:
@@ -417,13 +435,8 @@ class Workbench:
         progress(3, 3, f"speedup vs baseline {speedup:.2f}x")
         return report
 
+
 def _digest(diagnostics: list[Diagnostic]) -> str:
     """The first few errors, one line each: enough to recognise the failure without the whole log."""
     errors = [f"{d.line}:{d.column} {d.message}" for d in diagnostics if d.severity == "error"]
     return "\n".join(errors[:5])[:1000]
-
-
-def _allowed_cpus() -> set[int]:
-    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
-
-

@@ -66,6 +66,9 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         agent_mode: Annotated[Literal["prefer", "only"], Field(
             description="With agent: 'prefer' ranks that agent's items higher; 'only' drops everyone else's.")
         ] = "prefer",
+        backend: Annotated[str | None, Field(
+            description="The backend you write for (c, triton, cuda): its experience ranks above other backends'. "
+                        "Default: your session's backend.")] = None,
     ) -> QueryResult:
         """Active context selection: the experience most relevant to your state, ranked by measured outcome and
         packed into token_budget. Stuck on a compile error or wrong results, you get the fixes that resolved the
@@ -75,7 +78,7 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         this memory is used by default; pass agent to prefer or keep one agent's. Call it before every new attempt.
         """
         return await call_service(ctx, app_state(ctx).experience.query_experience, query, task_id, session_id,
-                                  phase, hardware, token_budget, agent, agent_mode)
+                                  phase, hardware, token_budget, agent, agent_mode, backend)
 
     @server.resource("kope://memory/history", name="memory_history", title="The whole experience memory",
                      mime_type="text/markdown")

@@ -24,27 +24,35 @@ def register(server: MCPServer[Any]) -> None:
     async def compile_kernel(
         ctx: Context[Any, Any],
         task_id: Annotated[str, Field(description="The task this kernel implements (see list_tasks).")],
-        source: Annotated[str, Field(description="The complete C source defining `kernel` (at most 256 KiB).")],
-        backend: Annotated[str, Field(description="Toolchain; 'c' (gcc, CPU) for now.")] = "c",
+        source: Annotated[str, Field(description="The complete source defining `kernel` in the backend's language "
+                                     "(at most 256 KiB).")],
+        backend: Annotated[str, Field(description="'c' (gcc, runs on this CPU), 'triton' (a Python module with "
+                                      "@triton.jit kernels and a launcher `kernel`), 'cuda' (CUDA C++ with an "
+                                      "extern \"C\" host `kernel`); get_task lists a task's backends.")] = "c",
         session_id: Annotated[str | None, Field(description="Continue this session; omit to start one.")] = None,
         parent_id: Annotated[str | None, Field(
             description="The kernel this one was derived from; default: the session's previous kernel.")] = None,
         strategy: Annotated[str | None, Field(
             description="The optimisation this attempt applies, e.g. 'OpenMP over rows', 'unroll by 4'.")] = None,
         flags: Annotated[list[str] | None, Field(
-            description="Extra compiler flags from the allow-list, e.g. ['-O3', '-march=native', '-fopenmp'].")
+            description="Extra compiler flags from the backend's allow-list, e.g. ['-O3', '-march=native', "
+                        "'-fopenmp'] for c, ['--use_fast_math'] for cuda; none for triton.")
         ] = None,
         agent: Annotated[str | None, Field(description=AGENT_LABEL_DOC)] = None,
+        target_arch: Annotated[str | None, Field(
+            description="GPU backends: the architecture to compile for, e.g. 'sm_80', 'sm_90'; default: the GPU "
+                        "present, else the backend's default.")] = None,
     ) -> CompileResult:
         """Compile a candidate kernel for a task. Builds are cached by content (same source and flags: cached).
 
-        Returns kernel_id, session_id, ok, diagnostics with line numbers in your source, and the trimmed log.
-        A compile error is a normal result (ok=false): fix the lines it names and compile again with the same
-        session_id. Next on success: run_tests(kernel_id).
+        Returns kernel_id, session_id, ok, diagnostics with line numbers in your source, and the trimmed log; for
+        GPU backends also target_arch and per kernel its registers, shared memory and spills. A compile error is a
+        normal result (ok=false): fix the lines it names and compile again with the same session_id. A session
+        stays on one backend. Next on success: run_tests(kernel_id).
         """
         return await call_service(ctx, app_state(ctx).workbench.compile_kernel, task_id, source, backend,
                                   session_id, parent_id, strategy, flags, progress=True,
-                                  agent=agent_info(ctx, agent))
+                                  agent=agent_info(ctx, agent), target_arch=target_arch)
 
     @server.tool(
         name="run_tests",
@@ -56,9 +64,13 @@ def register(server: MCPServer[Any]) -> None:
         tails, values that break naive formulas) and on one case drawn for this run near the profiling size, in
         a sandbox, and compare with the float64 reference within the task's tolerance.
 
+        Every buffer sits between guard zones: a write outside one is out_of_bounds_write. Triton kernels run in
+        Triton's interpreter on the CPU where the server has no GPU (correctness only, no drawn case).
+
         Returns passed, a failure kind (not_compiled, crash, timeout, mismatch, nan, input_modified,
-        wrong_shape, load_error) and per case the max abs/rel error, mismatches, unwritten elements and the first
-        bad index. Next: fix and recompile when it failed; profile_kernel(kernel_id) when it passed.
+        wrong_shape, load_error, out_of_bounds_write) and per case the max abs/rel error, mismatches, unwritten
+        elements and the first bad index. Next: fix and recompile when it failed; profile_kernel(kernel_id) when
+        it passed.
         """
         return await call_service(ctx, app_state(ctx).workbench.run_tests, kernel_id, progress=True)
 

@@ -5,8 +5,8 @@ from kope_mcp.memory.store import KuzuExperienceStore
 
 def make_attempt(kernel_id: str, parent: str | None = None) -> AttemptRecord:
     return AttemptRecord(kernel_id=kernel_id, session_id="s-1", task_id="relu", family="elementwise",
-                         hardware_key="hw", backend="c", build_hash="h", source="src", source_hash="sh", flags=["-O3"],
-                         ok=True, uses_openmp=False, parent_id=parent, created_at=f"2026-01-01T00:00:0{kernel_id[-1]}",
+                         hardware_key="hw", target="c", build_hash="h", source="src", source_hash="sh", flags=["-O3"],
+                         ok=True, parent_id=parent, created_at=f"2026-01-01T00:00:0{kernel_id[-1]}",
                          strategy="unroll by 4")
 
 

@@ -2,7 +2,7 @@ import shutil
 
 import pytest
 
-from kope_mcp.backends.cost import parse_callgrind
+from kope_mcp.targets.cost import parse_callgrind
 from kope_mcp.hardware import detect_hardware
 
 pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")

@@ -1,6 +1,6 @@
 import pytest
 
-from kope_mcp.backends.flags import validate_flags
+from kope_mcp.targets.flags import validate_flags
 from kope_mcp.errors import RefusedFlagError
 
 

@@ -2,14 +2,18 @@ from pathlib import Path
 
 import pytest
 
-from kope_mcp.backends.c import CpuCBackend, TamperedBuildError
+from kope_mcp.settings import KopeSettings
+from kope_mcp.targets.builds import TamperedBuildError
+from kope_mcp.targets.c import CpuCTarget
 from kope_mcp.sandbox import capabilities
 from tests.conftest import VECTOR_ADD_OK
 
 
 @pytest.fixture
-def backend(tmp_path: Path) -> CpuCBackend:
-    return CpuCBackend(tmp_path / "builds", tmp_path / "scratch")
+def backend(tmp_path: Path) -> CpuCTarget:
+    settings = KopeSettings(home=tmp_path / "home")
+    settings.ensure_home()
+    return CpuCTarget(settings)
 
 
 def test_same_source_and_flags_is_a_cache_hit_and_other_flags_are_not(backend, registry):

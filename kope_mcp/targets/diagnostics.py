@@ -8,6 +8,9 @@ from dataclasses import dataclass
 _LINE = re.compile(
     r"^(?P<file>[^:\n]+):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?P<sev>fatal error|error|warning|note):\s*(?P<msg>.*)$"
 )
+# nvcc's front end (EDG): `kernel.cu(12): error: identifier "j" is undefined`
+_NVCC_LINE = re.compile(r"^(?P<file>[^(\n]+)\((?P<line>\d+)\): (?P<sev>catastrophic error|error|warning|remark)"
+                        r"(?: #\S+)?: (?P<msg>.*)$")
 _LINKER = re.compile(r"(undefined reference to|multiple definition of|ld returned)")
 
 
@@ -27,14 +30,15 @@ def parse_diagnostics(log: str, source_name: str) -> list[Diagnostic]:
     """
     found: list[Diagnostic] = []
     for raw in log.splitlines():
-        m = _LINE.match(raw.strip())
+        m = _LINE.match(raw.strip()) or _NVCC_LINE.match(raw.strip())
         if m:
-            severity = "error" if m.group("sev") == "fatal error" else m.group("sev")
+            sev = m.group("sev")
+            severity = "error" if sev in ("fatal error", "catastrophic error") else "note" if sev == "remark" else sev
             in_source = m.group("file").endswith(source_name)
             found.append(
                 Diagnostic(
                     line=int(m.group("line")) if in_source else 0,
-                    column=int(m.group("col") or 0) if in_source else 0,
+                    column=int(m.groupdict().get("col") or 0) if in_source else 0,
                     severity=severity,
                     message=m.group("msg").strip(),
                     file=source_name if in_source else m.group("file").rsplit("/", 1)[-1],

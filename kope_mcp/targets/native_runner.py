@@ -21,7 +21,6 @@ from typing import Any, Literal
 import numpy as np
 
 import kope_mcp
-from kope_mcp.backends.timing import CorroboratedTimings, TimingUnverified, corroborate, parse_stamps
 from kope_mcp.harness import TRAILER_MAGIC
 from kope_mcp.sandbox import (
     SandboxLimits,
@@ -33,6 +32,7 @@ from kope_mcp.sandbox import (
     run_sandboxed,
     scrubbed_env,
 )
+from kope_mcp.targets.timing import CorroboratedTimings, TimingUnverified, corroborate, parse_stamps
 from kope_mcp.tasks.loader import Task
 
 Status = Literal["ok", "crash", "timeout", "fork", "load_error", "unverified"]
@@ -177,8 +177,8 @@ class NativeRunner:
         self.scratch_root = scratch_root
 
     def _run(self, job: dict[str, Any], cases: list[PreparedCase], task: Task, wall_s: float,
-             extra_env: dict[str, str], libraries: dict[str, Path], *, timing_cpu: int | None = None
-             ) -> tuple[HarnessOutcome, bytes]:
+             extra_env: dict[str, str], libraries: dict[str, Path], *, timing_cpu: int | None = None,
+             harness: str = "kope_mcp.harness") -> tuple[HarnessOutcome, bytes]:
         runtime = python_runtime()
         result_fd, progress_fd = memory_file("result"), memory_file("progress")
         fds = {"result": result_fd, "progress": progress_fd}
@@ -187,7 +187,7 @@ class NativeRunner:
         with Scratch(self.scratch_root) as scratch:
             try:
                 job["cases"] = _write_cases(task, cases, scratch.inputs)
-                job["libraries"] = {name: scratch.place(path, f"/kope/lib/{name}.so")
+                job["libraries"] = {name: scratch.place(path, f"/kope/lib/{name}{path.suffix}")
                                     for name, path in libraries.items()}
                 if job.get("task_folder"):
                     job["task_folder"] = scratch.place(Path(job["task_folder"]), "/kope/task")
@@ -210,8 +210,9 @@ class NativeRunner:
                 job_path.chmod(0o644)
                 env = scrubbed_env({"PYTHONPATH": runtime.place(scratch), "PYTHONDONTWRITEBYTECODE": "1",
                                     **extra_env}, tmpdir=scratch.inside(scratch.run))
+                env = {k: v.replace("{run}", scratch.inside(scratch.run)) for k, v in env.items()}
                 run = run_sandboxed(
-                    [runtime.executable, "-S", "-B", "-m", "kope_mcp.harness", scratch.inside(job_path)],
+                    [runtime.executable, "-S", "-B", "-m", harness, scratch.inside(job_path)],
                     scratch=scratch,
                     limits=SandboxLimits(wall_seconds=wall_s, cpu_seconds=int(wall_s * (os.cpu_count() or 1)) + 5,
                                          address_space_bytes=self.memory_limit_bytes),
@@ -270,15 +271,20 @@ class NativeRunner:
         elif fatal == "crash":
             outcome.status = "crash"
             outcome.message = str(outcome.result.get("message"))[:800]
+            outcome.failed_case = str(outcome.result["case"]) if outcome.result.get("case") else None
         elif fatal == "load_error":
             outcome.status = "load_error"
             outcome.message = f"the kernel library cannot be loaded: {str(outcome.result.get('message'))[:800]}"
 
     def run_tests(self, task: Task, library: Path, cases: list[PreparedCase], wall_s: float,
-                  openmp: bool) -> HarnessOutcome:
-        job: dict[str, Any] = {"mode": "test", "args": _args(task)}
-        outcome, raw = self._run(job, cases, task, wall_s, {} if openmp else {"OMP_NUM_THREADS": "1"},
-                                 {"candidate": library})
+                  openmp: bool, *, harness: str = "kope_mcp.harness", env: dict[str, str] | None = None,
+                  job_extra: dict[str, Any] | None = None) -> HarnessOutcome:
+        """Each case once; ``harness`` is the child module (a target's own for a non-C-ABI artifact); ``{run}``
+        in an ``env`` value becomes the run's writable folder."""
+        job: dict[str, Any] = {"mode": "test", "args": _args(task), **(job_extra or {})}
+        outcome, raw = self._run(job, cases, task, wall_s,
+                                 ({} if openmp else {"OMP_NUM_THREADS": "1"}) | (env or {}),
+                                 {"candidate": library}, harness=harness)
         if outcome.status == "ok":
             try:
                 reported = outcome.result.get("cases")

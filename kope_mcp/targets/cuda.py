@@ -1,0 +1,226 @@
+"""The ``cuda`` target: CUDA C++ with an ``extern "C"`` host function ``kernel(...)`` of the task's prototype that
+takes device pointers and launches its own kernels.
+
+``compile_kernel`` runs ``nvcc`` in the sandbox (arch from the GPU present, else ``target_arch``, default sm_80)
+with an allow-listed flag set and ``-Xptxas -v``, so every machine with nvcc gets real diagnostics at the user's
+lines and each kernel's registers, spills and shared memory, GPU or not. Running and timing need a GPU and are
+not in this release: ``run_tests`` and ``profile_kernel`` answer ``no_device:``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from kope_mcp.errors import NoDeviceError, RefusedFlagError
+from kope_mcp.hardware import HardwareProfile
+from kope_mcp.sandbox import (
+    SANDBOX_RUN,
+    SandboxLimits,
+    Scratch,
+    UntrustedFileError,
+    read_back,
+    run_sandboxed,
+    scrubbed_env,
+)
+from kope_mcp.settings import KopeSettings
+from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
+from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log
+from kope_mcp.targets.diagnostics import Diagnostic, parse_diagnostics
+from kope_mcp.targets.gpu import detect_gpu, gpu_hardware, parse_arch
+from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
+from kope_mcp.tasks.loader import Task
+
+BASELINE_FILE = "baseline.cu"
+SOURCE_NAME = "kernel.cu"
+PROTOTYPE_HEADER = "kope_prototype.cuh"
+ARTIFACT_NAME = "kernel.so"
+DEFAULT_ARCH = "sm_80"
+BASE_FLAGS = ("-O3", "-std=c++17")
+MAX_ARTIFACT_BYTES = 256 * 1024**2
+FLAGS_SUMMARY = ("-O0..-O3, -use_fast_math/--use_fast_math, -lineinfo, --maxrregcount=N, -ftz=true|false, "
+                 "-prec-div=true|false, -prec-sqrt=true|false, -fmad=true|false, -std=c++17|c++20, "
+                 "--extra-device-vectorization, -DNAME[=VALUE]")
+_FLAG = re.compile(r"^(?:-O[0-3]|--?use_fast_math|-lineinfo|--maxrregcount=\d{1,3}|-(?:ftz|prec-div|prec-sqrt|fmad)="
+                   r"(?:true|false)|-std=c\+\+(?:17|20)|--extra-device-vectorization"
+                   r"|-D[A-Za-z_][A-Za-z0-9_]*(?:=[A-Za-z0-9_.+\-]*)?)$")
+_FUNCTION = re.compile(r"Function properties for (?P<name>\S+)\s*\n\s*(?P<stack>\d+) bytes stack frame, "
+                       r"(?P<st>\d+) bytes spill stores, (?P<ld>\d+) bytes spill loads")
+_USAGE = re.compile(r"Compiling entry function '(?P<name>[^']+)'.*?Used (?P<reg>\d+) registers(?P<rest>[^\n]*)",
+                    re.DOTALL)
+
+
+@functools.cache
+def nvcc_path() -> str | None:
+    found = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK)
+                                     else None)
+    return os.path.realpath(found) if found else None
+
+
+@functools.cache
+def nvcc_version() -> str | None:
+    path = nvcc_path()
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"release (\S+), V(\S+)", out)
+    return match.group(2) if match else None
+
+
+def demangle(name: str) -> str:
+    """`_Z3addPKfS0_Pfl` -> `add` (the kernel's name is what a model recognises)."""
+    match = re.match(r"_Z(\d+)", name)
+    if match:
+        length, start = int(match.group(1)), match.end()
+        return name[start:start + length]
+    return name
+
+
+def parse_resources(log: str) -> list[dict[str, int | str]]:
+    spills = {m["name"]: m for m in _FUNCTION.finditer(log)}
+    found: list[dict[str, int | str]] = []
+    for m in _USAGE.finditer(log):
+        rest = m["rest"]
+        smem = re.search(r"(\d+) bytes smem", rest)
+        info: dict[str, int | str] = {"name": demangle(m["name"]), "registers": int(m["reg"]),
+                                      "shared_bytes": int(smem.group(1)) if smem else 0}
+        if (s := spills.get(m["name"])) is not None:
+            info |= {"local_bytes": int(s["stack"]), "spill_stores": int(s["st"]), "spill_loads": int(s["ld"])}
+        found.append(info)
+    return found
+
+
+def validate_cuda_flags(flags: list[str]) -> list[str]:
+    for flag in flags:
+        if not _FLAG.match(flag):
+            raise RefusedFlagError(flag, "not on the cuda backend's allow-list", FLAGS_SUMMARY)
+    return list(flags)
+
+
+class CudaTarget(Target):
+    name = "cuda"
+    language = "CUDA C++"
+    source_kind = 'CUDA C++ defining `extern "C" void kernel(...)` (device pointers) that launches its kernels'
+
+    def __init__(self, settings: KopeSettings) -> None:
+        super().__init__(settings)
+        self.cache = BuildCache(settings.builds_dir, ARTIFACT_NAME, SOURCE_NAME)
+
+    def status(self) -> TargetStatus:
+        version = nvcc_version()
+        if version is None:
+            return TargetStatus(False, False, False, "nvcc not found",
+                                why_not="nvcc (the CUDA toolkit) is not installed on the server")
+        gpu = detect_gpu()
+        where = f"{gpu.name} ({gpu.arch})" if gpu else f"no GPU, compiles for {DEFAULT_ARCH} by default"
+        return TargetStatus(True, False, False, f"nvcc {version}; {where}",
+                            why_not=("running and timing CUDA kernels on the GPU is not in this release"
+                                     if gpu else "a CUDA GPU (this machine has none; compile_kernel works)"),
+                            details=(f"nvcc {version} at {nvcc_path()}",))
+
+    def hardware(self) -> HardwareProfile:
+        gpu = detect_gpu()
+        return gpu_hardware(gpu, gpu.arch if gpu else DEFAULT_ARCH)
+
+    def signature(self, task: Task) -> str | None:
+        if not (task.folder / BASELINE_FILE).is_file():
+            return None
+        return f'extern "C" {task.spec.prototype}'
+
+    def baseline_source(self, task: Task) -> str | None:
+        path = task.folder / BASELINE_FILE
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+
+    def default_flags(self) -> list[str]:
+        return list(BASE_FLAGS)
+
+    def rules(self, task: Task) -> list[str]:
+        return [
+            'Define `extern "C"` host function `kernel` with the prototype above; its pointers are device memory. '
+            "Launch your __global__ kernels from it on the default stream and return; do not synchronise, "
+            "allocate with cudaMalloc per call, or copy to the host.",
+            f"nvcc with {' '.join(BASE_FLAGS)} -Xptxas -v for target_arch (default: the GPU present, else "
+            f"{DEFAULT_ARCH}); allowed flags: {FLAGS_SUMMARY}.",
+            "Arrays are contiguous, row-major, of any size including 1: guard every tail.",
+        ]
+
+    def _arch(self, options: CompileOptions) -> str:
+        if options.target_arch is None:
+            gpu = detect_gpu()
+            return gpu.arch if gpu else DEFAULT_ARCH
+        try:
+            return f"sm_{parse_arch(options.target_arch)}"
+        except ValueError:
+            raise RefusedFlagError(f"target_arch={options.target_arch}", "not a CUDA architecture",
+                                   "'sm_75' to 'sm_121', e.g. 'sm_80', 'sm_90', 'sm_100'") from None
+
+    def compile(self, task: Task, source: str, flags: list[str], options: CompileOptions) -> BuildResult:
+        flags = validate_cuda_flags(flags)
+        arch = self._arch(options)
+        digest = build_key({"backend": self.name, "nvcc": nvcc_version(), "arch": arch, "flags": flags,
+                            "base": BASE_FLAGS, "prototype": task.spec.prototype, "source": source})
+        cached = self.cache.load(digest)
+        if cached is not None:
+            return cached
+        nvcc = nvcc_path()
+        assert nvcc is not None  # the workbench checked status().compile
+        with Scratch(self.settings.scratch_dir) as scratch:
+            work = scratch.run
+            (work / SOURCE_NAME).write_text(source, encoding="utf-8")
+            (work / PROTOTYPE_HEADER).write_text(
+                "#include <stdint.h>\n#include <stddef.h>\n" + f'extern "C" {task.spec.prototype};\n', encoding="utf-8")
+            for name in (SOURCE_NAME, PROTOTYPE_HEADER):
+                (work / name).chmod(0o644)
+            argv = [nvcc, *BASE_FLAGS, *flags, f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
+                    "-include", PROTOTYPE_HEADER, SOURCE_NAME, "-o", ARTIFACT_NAME]
+            dir_fd = scratch.open_run_dir()
+            try:
+                start = time.monotonic()
+                timeout = self.settings.compile_timeout_s
+                result = run_sandboxed(
+                    argv, scratch=scratch,
+                    limits=SandboxLimits(wall_seconds=timeout, cpu_seconds=int(timeout) * 2 + 5,
+                                         address_space_bytes=16 * 1024**3, max_file_bytes=512 * 1024**2),
+                    env=scrubbed_env({"PATH": f"{Path(nvcc).parent}:/usr/local/bin:/usr/bin:/bin"},
+                                     tmpdir=scratch.inside(work)),
+                    binds=(Path(nvcc).parent.parent,))
+                seconds = time.monotonic() - start
+                log = (result.stderr_tail + result.stdout_tail).strip()
+                library: bytes | None = None
+                if result.returncode == 0:
+                    try:
+                        library = read_back(dir_fd, ARTIFACT_NAME, owner=result.uid, max_bytes=MAX_ARTIFACT_BYTES)
+                    except UntrustedFileError as exc:
+                        log += f"\nerror: the build's output was refused: {exc}"
+            finally:
+                os.close(dir_fd)
+        diagnostics = parse_diagnostics(log, SOURCE_NAME)
+        if library is None and not any(d.severity == "error" for d in diagnostics):
+            diagnostics.append(Diagnostic(0, 0, "error", f"nvcc {result.describe()}"))
+        resource_log = "\n".join(line for line in log.splitlines() if line.startswith(("ptxas info", "    ")))
+        kept = "\n".join(line for line in log.splitlines() if not line.startswith("ptxas info")
+                         and not re.match(r"^\s+\d+ bytes stack frame", line))
+        build = BuildResult(build_hash=digest, ok=library is not None, diagnostics=diagnostics,
+                            log=trim_log(kept.replace(SANDBOX_RUN + "/", ""), work), seconds=round(seconds, 3),
+                            cached=False, artifact=None, flags=flags,
+                            traits={"target_arch": arch, "resources": parse_resources(resource_log)})
+        self.cache.commit(build, library, source)
+        return build
+
+    def check_build(self, build_hash: str) -> None:
+        self.cache.artifact(build_hash)
+
+    def run_cases(self, task: Task, build_hash: str, cases: list[PreparedCase], *, wall_s: float) -> HarnessOutcome:
+        raise NoDeviceError(f"run_tests is not available for cuda here: {self.status().why_not}")
+
+    def profile(self, task: Task, build_hash: str, sets: list[PreparedCase], *, with_reference: bool,
+                time_cap_s: float, consistency: tuple[float, float], wall_s: float) -> Measurement:
+        raise NoDeviceError(f"profile_kernel is not available for cuda here: {self.status().why_not}")

@@ -1,0 +1,77 @@
+"""Which NVIDIA GPU this machine has, through the driver API (``libcuda``), without importing torch.
+
+None when there is no driver or no device: the GPU targets then compile only (for a named architecture).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+from kope_mcp.hardware import HardwareProfile
+
+_CC_MAJOR, _CC_MINOR, _SM_COUNT = 75, 76, 16  # CU_DEVICE_ATTRIBUTE_*
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    major: int
+    minor: int
+    sm_count: int
+    memory_bytes: int
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.major}{self.minor}"
+
+    @property
+    def capability(self) -> int:
+        return self.major * 10 + self.minor
+
+
+@functools.cache
+def detect_gpu() -> GpuInfo | None:
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    if cuda.cuInit(0) != 0:
+        return None
+    count = ctypes.c_int(0)
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+        return None
+    device = ctypes.c_int(0)
+    if cuda.cuDeviceGet(ctypes.byref(device), 0) != 0:
+        return None
+    name = ctypes.create_string_buffer(256)
+    cuda.cuDeviceGetName(name, 256, device)
+
+    def attribute(code: int) -> int:
+        value = ctypes.c_int(0)
+        cuda.cuDeviceGetAttribute(ctypes.byref(value), code, device)
+        return value.value
+
+    memory = ctypes.c_size_t(0)
+    cuda.cuDeviceTotalMem_v2(ctypes.byref(memory), device)
+    return GpuInfo(name.value.decode(errors="replace"), attribute(_CC_MAJOR), attribute(_CC_MINOR),
+                   attribute(_SM_COUNT), memory.value)
+
+
+def gpu_hardware(gpu: GpuInfo | None, default_arch: str) -> HardwareProfile:
+    """The memory's hardware record of a GPU target: ``cuda/<GPU name>/<sm_XX>``, or ``cuda/no-gpu/<arch>`` for
+    experience gathered where kernels were only compiled and interpreted."""
+    if gpu is None:
+        return HardwareProfile(key=f"cuda/no-gpu/{default_arch}", arch=default_arch, cpu_model="no GPU", cores=0,
+                               isa=[], caches=[])
+    return HardwareProfile(key=f"cuda/{gpu.name}/{gpu.arch}", arch=gpu.arch, cpu_model=gpu.name, cores=gpu.sm_count,
+                           isa=[], caches=[])
+
+
+def parse_arch(value: str) -> int:
+    """'sm_90' / '90' / 'sm_90a' -> 90; raises ValueError for anything else."""
+    text = value.strip().lower().removeprefix("sm_").removesuffix("a")
+    if not text.isdigit() or not 50 <= int(text) <= 130:
+        raise ValueError(value)
+    return int(text)
