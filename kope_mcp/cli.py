@@ -346,6 +346,17 @@ def _doctor() -> int:
               f"\n           missing: {caps.missing}")
     for layer in caps.layers:
         print(f"           {'active ' if layer.active else 'MISSING'}  {layer.name}: {layer.detail}")
+    from kope_mcp.targets.registry import load_targets
+
+    for name, target in load_targets(settings).items():
+        status = target.status()
+        can = [w for w, on in (("compile", status.compile), ("run", status.run), ("profile", status.profile)) if on]
+        print(f"Target     {name} ({target.language}): {status.summary}; {', '.join(can) or 'unavailable'}")
+        if status.why_not:
+            print(f"           {'not available' if not status.compile else 'limits'}: {status.why_not}")
+        for detail in status.details:
+            print(f"           {detail}")
+        print(f"           hardware key {target.hardware().key}")
     print(f"KOPE_HOME  {settings.home}")
     if not working:
         print("\nNo working C compiler: install gcc (Debian/Ubuntu: apt-get install gcc).", file=sys.stderr)

@@ -26,7 +26,8 @@ ATTEMPT_COLUMNS_V1: dict[str, str] = {
 # Migration 2: a measurement that tripped an integrity check is never taught as a win.
 ATTEMPT_COLUMNS_V2: dict[str, tuple[str, str]] = {"suspect": ("BOOLEAN", "false"), "suspect_reason": ("STRING", "''")}
 # Migration 3: attempts name their execution target (c, triton, cuda, ...) and whatever a target needs to know
-# about a build (OpenMP for C) lives with the build, not in the memory.
+# about a build (OpenMP for C) lives with the build, not in the memory. The retired column stays in the table,
+# unread and unwritten: kuzu 0.11.3 segfaults at the checkpoint after `ALTER TABLE ... DROP` and an update.
 ATTEMPT_RENAMED_V3 = {"backend": "target"}
 ATTEMPT_DROPPED_V3 = ("uses_openmp",)
 ATTEMPT_COLUMNS: dict[str, str] = {

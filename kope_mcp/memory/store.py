@@ -25,7 +25,6 @@ from kope_mcp.memory.rows import (
     ATTEMPT_COLUMNS,
     ATTEMPT_COLUMNS_V1,
     ATTEMPT_COLUMNS_V2,
-    ATTEMPT_DROPPED_V3,
     ATTEMPT_RENAMED_V3,
     JSON_FIELDS,
     LESSON_COLUMNS,
@@ -81,7 +80,6 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     ]),
     (3, "execution targets", [
         *(f"ALTER TABLE Attempt RENAME {old} TO {new}" for old, new in ATTEMPT_RENAMED_V3.items()),
-        *(f"ALTER TABLE Attempt DROP {name}" for name in ATTEMPT_DROPPED_V3),
         *(f"ALTER TABLE Lesson ADD {name} {typ} DEFAULT {default}"
           for name, (typ, default) in LESSON_COLUMNS_V3.items()),
         "MATCH (x:Lesson)-[:FROM_ATTEMPT]->(a:Attempt) SET x.target = a.target",

@@ -30,7 +30,7 @@ def describe_status(status: TargetStatus) -> str:
     can = [word for word, on in (("compile", status.compile), ("run_tests", status.run),
                                  ("profile", status.profile)) if on]
     text = f"{status.summary}: {', '.join(can) if can else 'unavailable'}"
-    return text + (f" (needs {status.why_not})" if status.why_not and not status.profile else "")
+    return text + (f" ({status.why_not})" if status.why_not and not status.profile else "")
 
 
 def describe_task(workbench: Workbench, task_id: str) -> TaskDetail:

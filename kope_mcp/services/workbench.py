@@ -207,7 +207,7 @@ class Workbench:
             warnings=warnings,
             next_step=(
                 f"call run_tests(kernel_id='{record.kernel_id}')" if build.ok and status.run else
-                f"the build is good; run_tests needs {status.why_not}" if build.ok else
+                f"the build is good; run_tests is not available here: {status.why_not}" if build.ok else
                 f"fix the {errors or 'reported'} error(s) at the listed lines and call compile_kernel again with "
                 f"session_id='{session.session_id}'"
             ),
@@ -293,7 +293,7 @@ class Workbench:
             message=test_message(passed, failure, cases, task, drawn=drawn_seed is not None),
             cases=cases, seeds_per_case=SEEDS_PER_CASE, warnings=warnings, drawn_case_seed=drawn_seed,
             next_step=(f"call profile_kernel(kernel_id='{kernel_id}')" if passed and status.profile else
-                       f"passed; profile_kernel needs {status.why_not}" if passed else
+                       f"passed; profile_kernel is not available here: {status.why_not}" if passed else
                        "fix the kernel (see the first bad index of the failing case) and compile it again"),
         )
         self._save_test(record, report)

@@ -86,8 +86,8 @@ class CpuCTarget(Target):
         if info.version is None:
             return TargetStatus(False, False, False, f"{self.compiler}: not found",
                                 why_not=f"the C compiler {self.compiler!r} does not run (set KOPE_CC)")
-        summary = f"{self.compiler} {info.version}{', OpenMP' if info.openmp else ''}; runs on this CPU"
-        return TargetStatus(True, True, True, summary, details=(detect_hardware().key,))
+        summary = f"{info.version}{', OpenMP' if info.openmp else ''}; runs on this CPU"
+        return TargetStatus(True, True, True, summary)
 
     def status(self) -> TargetStatus:
         return self._status

@@ -24,10 +24,10 @@ def populated(tmp_path) -> KuzuExperienceStore:
 
 def test_migrations_are_recorded_once_and_data_survives_reopening(tmp_path):
     store = populated(tmp_path)
-    assert store.schema_version() == 2
+    assert store.schema_version() == 3
     store.close()
     again = KuzuExperienceStore(tmp_path / "memory.kuzu")
-    assert again.schema_version() == 2
+    assert again.schema_version() == 3
     assert again.counts()["Attempt"] == 3
     assert again.session("s-1").agent.name == "claude"
 
@@ -71,14 +71,21 @@ def test_a_version_1_home_upgrades_in_place_and_keeps_its_attempts(tmp_path, mon
     old.add_session(SessionRecord(session_id="s-1", task_id="relu", hardware_key="hw",
                                   agent=AgentInfo(name="claude", version="1"), created_at="2026-01-01"))
     props = {k: v for k, v in attempt_props(make_attempt("k-1").model_copy(update={"label": "effective"})).items()
-             if k in store_module.ATTEMPT_COLUMNS_V1}
+             if k in store_module.ATTEMPT_COLUMNS_V1} | {"backend": "c", "uses_openmp": True}
     old._exec("CREATE (a:Attempt {" + ", ".join(f"{k}: ${k}" for k in props) + "})", props)
     assert old.schema_version() == 1
     old.close()
     monkeypatch.undo()
     upgraded = KuzuExperienceStore(tmp_path / "memory.kuzu")
-    assert upgraded.schema_version() == 2
+    assert upgraded.schema_version() == 3
     attempt = upgraded.attempt("k-1")
     assert attempt.label == "effective" and attempt.suspect is False and attempt.suspect_reason == ""
+    assert attempt.target == "c"  # migration 3: the column `backend` became `target`; uses_openmp went to the build
     upgraded.update_attempt("k-1", suspect=True, suspect_reason="CI contains 1")
     assert upgraded.attempt("k-1").suspect
+
+
+def test_an_export_written_before_targets_still_imports_with_its_backend_as_target():
+    legacy = make_attempt("k-7").model_dump() | {"backend": "c", "uses_openmp": True}
+    del legacy["target"]
+    assert AttemptRecord.model_validate(legacy).target == "c"

@@ -2,8 +2,8 @@ import shutil
 
 import pytest
 
-from kope_mcp.targets.cost import parse_callgrind
 from kope_mcp.hardware import detect_hardware
+from kope_mcp.targets.cost import parse_callgrind
 
 pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 

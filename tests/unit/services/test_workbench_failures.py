@@ -70,6 +70,21 @@ def test_writing_into_an_input_is_detected(workbench):
     assert report.cases[0].inputs_modified == ["a"]
 
 
+def test_a_write_one_past_the_end_is_an_out_of_bounds_write(workbench):
+    report = compile_and_test(workbench, vector_add_with_body(
+        "for (int64_t i = 0; i <= n; i++) out[i] = a[i] + b[i];"))
+    assert report.failure == "out_of_bounds_write"
+    assert report.cases[0].out_of_bounds == ["out after its end (+1 elements)"]
+    assert "wrote outside its buffers" in report.message
+
+
+def test_a_write_before_the_start_of_an_output_is_an_out_of_bounds_write(workbench):
+    report = compile_and_test(workbench, vector_add_with_body(
+        "out[-2] = 0.0f; for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];"))
+    assert report.failure == "out_of_bounds_write"
+    assert report.cases[0].out_of_bounds == ["out before its start (-2 elements)"]
+
+
 def test_a_segfault_is_a_crash_naming_the_case(workbench):
     report = compile_and_test(workbench, vector_add_with_body(
         "if (n > 1000) { volatile float *p = (float *)0; p[0] = 1.0f; }"

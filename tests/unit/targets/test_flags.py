@@ -1,7 +1,7 @@
 import pytest
 
-from kope_mcp.targets.flags import validate_flags
 from kope_mcp.errors import RefusedFlagError
+from kope_mcp.targets.flags import validate_flags
 
 
 @pytest.mark.parametrize("flag", [

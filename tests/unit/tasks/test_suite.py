@@ -84,8 +84,8 @@ def test_a_task_that_promises_numerical_stability_has_a_case_that_breaks_the_nai
 @pytest.mark.slow
 @pytest.mark.parametrize("task_id", TASK_IDS)
 def test_the_baseline_is_correct_at_the_profiling_size(workbench, task_id):
-    from kope_mcp.targets.native_runner import PreparedCase
     from kope_mcp.services.correctness import judge_case
+    from kope_mcp.targets.native_runner import PreparedCase
 
     task = workbench.tasks.get(task_id)
     build = workbench.backends["c"].compile_baseline(task)

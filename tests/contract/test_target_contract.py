@@ -1,0 +1,66 @@
+"""The workflow contract, run over every registered target available on this machine and the pure-Python fake:
+a target that compiles here builds its task's baseline, reports a syntax error at its line, and either runs and
+times it (passing its own baseline against the reference) or refuses with no_device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kope_mcp.errors import NoDeviceError
+from kope_mcp.services.workbench import Workbench
+from kope_mcp.targets.registry import load_targets, target_classes
+from kope_mcp.tasks.registry import TaskRegistry
+from tests.conftest import make_settings
+from tests.fake_target import FakeNumpyTarget
+
+REGISTERED = sorted(target_classes())
+CONTRACT_TASKS = ("vector_add", "relu")
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory, registry: TaskRegistry) -> Iterator[Workbench]:
+    settings = make_settings(tmp_path_factory.mktemp("contract-home"))
+    yield Workbench(settings, registry, targets=load_targets(settings, extra=[FakeNumpyTarget]))
+
+
+def test_the_built_in_targets_register_through_the_entry_point_group():
+    assert {"c", "triton", "cuda"} <= set(REGISTERED)
+
+
+@pytest.mark.parametrize("name", [*REGISTERED, "fake"])
+def test_every_available_target_fulfils_the_workflow_contract(bench, name):
+    target = bench.targets[name]
+    status = target.status()
+    if not status.compile:
+        pytest.skip(f"{name} is not available here: {status.why_not}")
+    task = next(bench.tasks.get(t) for t in CONTRACT_TASKS if target.supports(bench.tasks.get(t)))
+    baseline = target.baseline_source(task) or task.baseline_source
+    assert baseline is not None and target.signature(task)
+    compiled = bench.compile_kernel(task.id, baseline, backend=name, strategy="the naive baseline")
+    assert compiled.ok, compiled.log
+    assert compiled.backend == name
+    assert bench.store.attempt(compiled.kernel_id).target == name
+    assert bench.store.attempt(compiled.kernel_id).hardware_key == target.hardware().key
+
+    broken_line = baseline.count("\n") + 1
+    broken = bench.compile_kernel(task.id, baseline + "@@@ not code @@@\n", backend=name,
+                                  session_id=compiled.session_id)
+    assert not broken.ok
+    assert any(d.severity == "error" and d.line == broken_line for d in broken.diagnostics), broken.diagnostics
+
+    if not status.run:
+        with pytest.raises(NoDeviceError):
+            bench.run_tests(compiled.kernel_id)
+        return
+    tested = bench.run_tests(compiled.kernel_id)
+    assert tested.passed, tested.message
+    if not status.profile:
+        with pytest.raises(NoDeviceError):
+            bench.profile_kernel(compiled.kernel_id)
+        return
+    profiled = bench.profile_kernel(compiled.kernel_id)
+    assert profiled.failure is None, profiled.message
+    assert profiled.speedup_vs_baseline is not None and profiled.speedup_vs_baseline > 0
+    assert profiled.hardware.key == target.hardware().key
