@@ -123,7 +123,7 @@ class CudaTarget(Target):
         where = f"{gpu.name} ({gpu.arch})" if gpu else f"no GPU, compiles for {DEFAULT_ARCH} by default"
         return TargetStatus(True, False, False, f"nvcc {version}; {where}",
                             why_not=("running and timing CUDA kernels on a GPU is not in this release"
-                                     if gpu else "no CUDA GPU on this machine (compile_kernel works without one)"),
+                                     if gpu else "no CUDA GPU on this machine; compile_kernel works without one"),
                             details=(f"nvcc {version} at {nvcc_path()}",))
 
     def hardware(self) -> HardwareProfile:

@@ -77,8 +77,8 @@ class TritonTarget(Target):
                                         "run_tests run on the GPU)",
                                 details=(f"GPU {gpu.name}, compute capability {gpu.major}.{gpu.minor}",))
         return TargetStatus(True, True, False, f"Triton {version}, interpreter on the CPU (TRITON_INTERPRET=1)",
-                            why_not="no GPU that Triton supports on this machine (run_tests uses Triton's "
-                                    "interpreter on the CPU; compile_kernel compiles for target_arch)",
+                            why_not="no GPU that Triton supports on this machine; run_tests uses Triton's "
+                                    "interpreter on the CPU and compile_kernel compiles for target_arch",
                             details=(f"no GPU: compiles for {DEFAULT_ARCH} by default", "interpreter mode"))
 
     def hardware(self) -> HardwareProfile:

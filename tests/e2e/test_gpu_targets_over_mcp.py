@@ -129,6 +129,22 @@ def test_a_triton_frontend_error_points_at_the_users_line(server):
     anyio.run(body)
 
 
+@needs_triton
+def test_an_exception_in_a_triton_launcher_is_a_crash_naming_the_case_and_line(server):
+    source = UNMASKED_TAIL.replace("def kernel(a, b, out, n):\n",
+                                   "def kernel(a, b, out, n):\n    if n == 7:\n        raise ValueError('seven')\n")
+
+    async def body():
+        async with Client(server) as client:
+            compiled = await call(client, "compile_kernel", task_id="vector_add", source=source, backend="triton")
+            assert compiled["ok"], compiled["log"]
+            tested = await call(client, "run_tests", kernel_id=compiled["kernel_id"])
+            assert tested["failure"] == "crash"
+            assert "ValueError: seven" in tested["message"] and "line 14" in tested["message"]
+            assert tested["cases"][0]["name"] == "seven"
+    anyio.run(body)
+
+
 @needs_nvcc
 @no_gpu
 def test_cuda_compiles_with_real_diagnostics_and_says_no_device_for_running(server):
