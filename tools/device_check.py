@@ -95,7 +95,8 @@ def summary(tool: str, value: dict[str, Any]) -> str:
         return f"passed={value['passed']} failure={value['failure']} {value['message'][:200]}"
     if value.get("failure"):
         return f"failure={value['failure']}: {value['message'][:300]}"
-    return (f"kernel {value['kernel']['median_s'] * 1e6:.1f} us, baseline {value['baseline']['median_s'] * 1e6:.1f} us, "
+    kernel, baseline = value["kernel"]["median_s"] * 1e6, value["baseline"]["median_s"] * 1e6
+    return (f"kernel {kernel:.1f} us, baseline {baseline:.1f} us, "
             f"speedup {value['speedup_vs_baseline']:.2f}x CI {value['speedup_vs_baseline_ci95']}, "
             f"{value.get('gflops') or 0:.1f} GFLOP/s on {value['hardware']['key']}")
 
