@@ -13,20 +13,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from kope_mcp.hardware import HardwareProfile, detect_hardware, probe_compiler
 from kope_mcp.models import CostCounts
-from kope_mcp.sandbox import (
-    SANDBOX_RUN,
-    SandboxLimits,
-    Scratch,
-    UntrustedFileError,
-    read_back,
-    run_sandboxed,
-    scrubbed_env,
-)
+from kope_mcp.sandbox import SandboxLimits
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log
@@ -34,6 +25,7 @@ from kope_mcp.targets.cost import CallgrindCounts, count_kernel, valgrind_availa
 from kope_mcp.targets.diagnostics import Diagnostic, parse_diagnostics
 from kope_mcp.targets.flags import validate_flags
 from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase
+from kope_mcp.targets.toolchain import build_library
 from kope_mcp.tasks.loader import Task
 
 SOURCE_NAME = "kernel.c"
@@ -133,58 +125,34 @@ class CpuCTarget(Target):
         self.cache.artifact(build_hash)
 
     def _build(self, task: Task, source: str, flags: list[str], digest: str) -> BuildResult:
-        with Scratch(self.settings.scratch_dir) as scratch:
-            work = scratch.run
-            (work / SOURCE_NAME).write_text(source, encoding="utf-8")
-            (work / PROTOTYPE_HEADER).write_text(prototype_header(task), encoding="utf-8")
-            for name in (SOURCE_NAME, PROTOTYPE_HEADER):
-                (work / name).chmod(0o644)
-            argv = [
-                self.compiler, *BASE_FLAGS, "-fPIC", "-shared", "-fdiagnostics-color=never",
-                # A call to an undeclared function, or a symbol nothing defines, must fail here with a line
-                # number, not later as a library that cannot load.
-                "-Werror=implicit-function-declaration", "-Wl,--no-undefined",
-                "-include", PROTOTYPE_HEADER, *flags, SOURCE_NAME, "-o", ARTIFACT_NAME, "-lm",
-            ]
-            dir_fd = scratch.open_run_dir()
-            try:
-                start = time.monotonic()
-                result = run_sandboxed(
-                    argv,
-                    scratch=scratch,
-                    limits=SandboxLimits(wall_seconds=self.timeout_s, cpu_seconds=int(self.timeout_s) + 5,
-                                         address_space_bytes=4 * 1024**3, max_file_bytes=256 * 1024**2),
-                    env=scrubbed_env(tmpdir=scratch.inside(work)),
-                    binds=toolchain_binds(self.compiler),
-                )
-                seconds = time.monotonic() - start
-                log = (result.stderr_tail + result.stdout_tail).strip()
-                if result.timed_out:
-                    log += f"\ncompiler {result.describe()}"
-                diagnostics = parse_diagnostics(log, SOURCE_NAME)
-                library: bytes | None = None
-                if result.returncode == 0:
-                    try:
-                        library = read_back(dir_fd, ARTIFACT_NAME, owner=result.uid, max_bytes=MAX_ARTIFACT_BYTES)
-                    except UntrustedFileError as exc:
-                        log += f"\nerror: the build's output was refused: {exc}"
-                        diagnostics.append(Diagnostic(0, 0, "error", f"the build's output was refused: {exc}"))
-            finally:
-                os.close(dir_fd)
-            if library is not None and not self._defines_kernel(library):
-                library = None
-                diagnostics.append(Diagnostic(0, 0, "error", "the source does not define a function named "
-                                              f"`kernel` (expected: {task.spec.prototype})"))
-                log += "\nerror: no exported symbol `kernel` in the built library"
-            if library is None and not any(d.severity == "error" for d in diagnostics):
-                diagnostics.append(Diagnostic(0, 0, "error", f"compiler {result.describe()}"))
-            build = BuildResult(
-                build_hash=digest, ok=library is not None, diagnostics=diagnostics,
-                log=trim_log(log.replace(SANDBOX_RUN + "/", ""), work), seconds=round(seconds, 3), cached=False,
-                artifact=None, flags=flags, traits={"uses_openmp": "-fopenmp" in flags},
-            )
-            self.cache.commit(build, library, source)
-            return build
+        argv = [
+            self.compiler, *BASE_FLAGS, "-fPIC", "-shared", "-fdiagnostics-color=never",
+            # A call to an undeclared function, or a symbol nothing defines, must fail here with a line number,
+            # not later as a library that cannot load.
+            "-Werror=implicit-function-declaration", "-Wl,--no-undefined",
+            "-include", PROTOTYPE_HEADER, *flags, SOURCE_NAME, "-o", ARTIFACT_NAME, "-lm",
+        ]
+        run = build_library(
+            self.settings.scratch_dir, files={SOURCE_NAME: source, PROTOTYPE_HEADER: prototype_header(task)},
+            argv=argv, artifact=ARTIFACT_NAME, max_bytes=MAX_ARTIFACT_BYTES, binds=toolchain_binds(self.compiler),
+            limits=SandboxLimits(wall_seconds=self.timeout_s, cpu_seconds=int(self.timeout_s) + 5,
+                                 address_space_bytes=4 * 1024**3, max_file_bytes=256 * 1024**2))
+        log, library = run.log, run.library
+        diagnostics = parse_diagnostics(log, SOURCE_NAME)
+        if run.refused:
+            diagnostics.append(Diagnostic(0, 0, "error", run.refused))
+        if library is not None and not self._defines_kernel(library):
+            library = None
+            diagnostics.append(Diagnostic(0, 0, "error", "the source does not define a function named "
+                                          f"`kernel` (expected: {task.spec.prototype})"))
+            log += "\nerror: no exported symbol `kernel` in the built library"
+        if library is None and not any(d.severity == "error" for d in diagnostics):
+            diagnostics.append(Diagnostic(0, 0, "error", f"compiler {run.result.describe()}"))
+        build = BuildResult(build_hash=digest, ok=library is not None, diagnostics=diagnostics, log=trim_log(log),
+                            seconds=run.seconds, cached=False, artifact=None, flags=flags,
+                            traits={"uses_openmp": "-fopenmp" in flags})
+        self.cache.commit(build, library, source)
+        return build
 
     def _defines_kernel(self, library: bytes) -> bool:
         self.builds_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -14,26 +14,20 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from kope_mcp.errors import NoDeviceError, RefusedFlagError
 from kope_mcp.hardware import HardwareProfile
 from kope_mcp.sandbox import (
-    SANDBOX_RUN,
     SandboxLimits,
-    Scratch,
-    UntrustedFileError,
-    read_back,
-    run_sandboxed,
-    scrubbed_env,
 )
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log
 from kope_mcp.targets.diagnostics import Diagnostic, parse_diagnostics
-from kope_mcp.targets.gpu import detect_gpu, gpu_hardware, parse_arch
+from kope_mcp.targets.gpu import detect_gpu, gpu_hardware, resolve_arch
 from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
+from kope_mcp.targets.toolchain import build_library
 from kope_mcp.tasks.loader import Task
 
 BASELINE_FILE = "baseline.cu"
@@ -152,19 +146,9 @@ class CudaTarget(Target):
             "Arrays are contiguous, row-major, of any size including 1: guard every tail.",
         ]
 
-    def _arch(self, options: CompileOptions) -> str:
-        if options.target_arch is None:
-            gpu = detect_gpu()
-            return gpu.arch if gpu else DEFAULT_ARCH
-        try:
-            return f"sm_{parse_arch(options.target_arch)}"
-        except ValueError:
-            raise RefusedFlagError(f"target_arch={options.target_arch}", "not a CUDA architecture",
-                                   "'sm_75' to 'sm_121', e.g. 'sm_80', 'sm_90', 'sm_100'") from None
-
     def compile(self, task: Task, source: str, flags: list[str], options: CompileOptions) -> BuildResult:
         flags = validate_cuda_flags(flags)
-        arch = self._arch(options)
+        arch = resolve_arch(options.target_arch, DEFAULT_ARCH)
         digest = build_key({"backend": self.name, "nvcc": nvcc_version(), "arch": arch, "flags": flags,
                             "base": BASE_FLAGS, "prototype": task.spec.prototype, "source": source})
         cached = self.cache.load(digest)
@@ -172,36 +156,17 @@ class CudaTarget(Target):
             return cached
         nvcc = nvcc_path()
         assert nvcc is not None  # the workbench checked status().compile
-        with Scratch(self.settings.scratch_dir) as scratch:
-            work = scratch.run
-            (work / SOURCE_NAME).write_text(source, encoding="utf-8")
-            (work / PROTOTYPE_HEADER).write_text(
-                "#include <stdint.h>\n#include <stddef.h>\n" + f'extern "C" {task.spec.prototype};\n', encoding="utf-8")
-            for name in (SOURCE_NAME, PROTOTYPE_HEADER):
-                (work / name).chmod(0o644)
-            argv = [nvcc, *BASE_FLAGS, *flags, f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
-                    "-include", PROTOTYPE_HEADER, SOURCE_NAME, "-o", ARTIFACT_NAME]
-            dir_fd = scratch.open_run_dir()
-            try:
-                start = time.monotonic()
-                timeout = self.settings.compile_timeout_s
-                result = run_sandboxed(
-                    argv, scratch=scratch,
-                    limits=SandboxLimits(wall_seconds=timeout, cpu_seconds=int(timeout) * 2 + 5,
-                                         address_space_bytes=16 * 1024**3, max_file_bytes=512 * 1024**2),
-                    env=scrubbed_env({"PATH": f"{Path(nvcc).parent}:/usr/local/bin:/usr/bin:/bin"},
-                                     tmpdir=scratch.inside(work)),
-                    binds=(Path(nvcc).parent.parent,))
-                seconds = time.monotonic() - start
-                log = (result.stderr_tail + result.stdout_tail).strip()
-                library: bytes | None = None
-                if result.returncode == 0:
-                    try:
-                        library = read_back(dir_fd, ARTIFACT_NAME, owner=result.uid, max_bytes=MAX_ARTIFACT_BYTES)
-                    except UntrustedFileError as exc:
-                        log += f"\nerror: the build's output was refused: {exc}"
-            finally:
-                os.close(dir_fd)
+        header = "#include <stdint.h>\n#include <stddef.h>\n" + f'extern "C" {task.spec.prototype};\n'
+        timeout = self.settings.compile_timeout_s
+        run = build_library(
+            self.settings.scratch_dir, files={SOURCE_NAME: source, PROTOTYPE_HEADER: header},
+            argv=[nvcc, *BASE_FLAGS, *flags, f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
+                  "-include", PROTOTYPE_HEADER, SOURCE_NAME, "-o", ARTIFACT_NAME],
+            artifact=ARTIFACT_NAME, max_bytes=MAX_ARTIFACT_BYTES, binds=(Path(nvcc).parent.parent,),
+            path=f"{Path(nvcc).parent}:/usr/local/bin:/usr/bin:/bin",
+            limits=SandboxLimits(wall_seconds=timeout, cpu_seconds=int(timeout) * 2 + 5,
+                                 address_space_bytes=16 * 1024**3, max_file_bytes=512 * 1024**2))
+        log, library, result, seconds = run.log, run.library, run.result, run.seconds
         diagnostics = parse_diagnostics(log, SOURCE_NAME)
         if library is None and not any(d.severity == "error" for d in diagnostics):
             diagnostics.append(Diagnostic(0, 0, "error", f"nvcc {result.describe()}"))
@@ -209,7 +174,7 @@ class CudaTarget(Target):
         kept = "\n".join(line for line in log.splitlines() if not line.startswith("ptxas info")
                          and not re.match(r"^\s+\d+ bytes stack frame", line))
         build = BuildResult(build_hash=digest, ok=library is not None, diagnostics=diagnostics,
-                            log=trim_log(kept.replace(SANDBOX_RUN + "/", ""), work), seconds=round(seconds, 3),
+                            log=trim_log(kept), seconds=seconds,
                             cached=False, artifact=None, flags=flags,
                             traits={"target_arch": arch, "resources": parse_resources(resource_log)})
         self.cache.commit(build, library, source)

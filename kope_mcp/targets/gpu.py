@@ -9,6 +9,7 @@ import ctypes
 import functools
 from dataclasses import dataclass
 
+from kope_mcp.errors import RefusedFlagError
 from kope_mcp.hardware import HardwareProfile
 
 _CC_MAJOR, _CC_MINOR, _SM_COUNT = 75, 76, 16  # CU_DEVICE_ATTRIBUTE_*
@@ -75,3 +76,15 @@ def parse_arch(value: str) -> int:
     if not text.isdigit() or not 50 <= int(text) <= 130:
         raise ValueError(value)
     return int(text)
+
+
+def resolve_arch(requested: str | None, default: str) -> str:
+    """The architecture to compile for: the one asked for, else the GPU present, else the target's default."""
+    if requested is None:
+        gpu = detect_gpu()
+        return gpu.arch if gpu else default
+    try:
+        return f"sm_{parse_arch(requested)}"
+    except ValueError:
+        raise RefusedFlagError(f"target_arch={requested}", "not a CUDA architecture",
+                               "'sm_50' to 'sm_130', e.g. 'sm_80', 'sm_90', 'sm_100'") from None

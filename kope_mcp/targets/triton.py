@@ -27,7 +27,7 @@ from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log
 from kope_mcp.targets.diagnostics import Diagnostic
-from kope_mcp.targets.gpu import detect_gpu, gpu_hardware, parse_arch
+from kope_mcp.targets.gpu import detect_gpu, gpu_hardware, resolve_arch
 from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase, python_runtime
 from kope_mcp.tasks.loader import Task
 
@@ -122,21 +122,11 @@ class TritonTarget(Target):
         ]
 
     # --- compile -------------------------------------------------------------------------------------------
-    def _arch(self, options: CompileOptions) -> str:
-        if options.target_arch is None:
-            gpu = detect_gpu()
-            return gpu.arch if gpu else DEFAULT_ARCH
-        try:
-            return f"sm_{parse_arch(options.target_arch)}"
-        except ValueError:
-            raise RefusedFlagError(f"target_arch={options.target_arch}", "not a CUDA architecture",
-                                   "'sm_75' to 'sm_121', e.g. 'sm_80', 'sm_90', 'sm_100'") from None
-
     def compile(self, task: Task, source: str, flags: list[str], options: CompileOptions) -> BuildResult:
         if flags:
             raise RefusedFlagError(" ".join(flags), "the triton backend takes no compiler flags",
                                    "none (set num_warps / num_stages in the launch instead)")
-        arch = self._arch(options)
+        arch = resolve_arch(options.target_arch, DEFAULT_ARCH)
         digest = build_key({"backend": self.name, "triton": triton_version(), "arch": arch,
                             "signature": self.signature(task), "profile": task.spec.profile.sizes, "source": source})
         cached = self.cache.load(digest)
