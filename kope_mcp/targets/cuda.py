@@ -17,15 +17,13 @@ import subprocess
 from pathlib import Path
 
 from kope_mcp.errors import NoDeviceError, RefusedFlagError
-from kope_mcp.hardware import HardwareProfile
 from kope_mcp.sandbox import (
     SandboxLimits,
 )
-from kope_mcp.settings import KopeSettings
-from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
-from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log
+from kope_mcp.targets.base import CompileOptions, Measurement, TargetStatus
+from kope_mcp.targets.builds import BuildResult, build_key, trim_log
 from kope_mcp.targets.diagnostics import Diagnostic, parse_diagnostics
-from kope_mcp.targets.gpu import detect_gpu, gpu_hardware, resolve_arch
+from kope_mcp.targets.gpu import GpuTarget, detect_gpu, resolve_arch
 from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.targets.toolchain import build_library
 from kope_mcp.tasks.loader import Task
@@ -99,14 +97,11 @@ def validate_cuda_flags(flags: list[str]) -> list[str]:
     return list(flags)
 
 
-class CudaTarget(Target):
+class CudaTarget(GpuTarget):
     name = "cuda"
     language = "CUDA C++"
     source_kind = 'CUDA C++ defining `extern "C" void kernel(...)` (device pointers) that launches its kernels'
-
-    def __init__(self, settings: KopeSettings) -> None:
-        super().__init__(settings)
-        self.cache = BuildCache(settings.builds_dir, ARTIFACT_NAME, SOURCE_NAME)
+    baseline_file, source_name, artifact_name, default_arch = BASELINE_FILE, SOURCE_NAME, ARTIFACT_NAME, DEFAULT_ARCH
 
     def status(self) -> TargetStatus:
         version = nvcc_version()
@@ -120,18 +115,8 @@ class CudaTarget(Target):
                                      if gpu else "no CUDA GPU on this machine; compile_kernel works without one"),
                             details=(f"nvcc {version} at {nvcc_path()}",))
 
-    def hardware(self) -> HardwareProfile:
-        gpu = detect_gpu()
-        return gpu_hardware(gpu, gpu.arch if gpu else DEFAULT_ARCH)
-
     def signature(self, task: Task) -> str | None:
-        if not (task.folder / BASELINE_FILE).is_file():
-            return None
-        return f'extern "C" {task.spec.prototype}'
-
-    def baseline_source(self, task: Task) -> str | None:
-        path = task.folder / BASELINE_FILE
-        return path.read_text(encoding="utf-8") if path.is_file() else None
+        return f'extern "C" {task.spec.prototype}' if self.has_version(task) else None
 
     def default_flags(self) -> list[str]:
         return list(BASE_FLAGS)
@@ -179,9 +164,6 @@ class CudaTarget(Target):
                             traits={"target_arch": arch, "resources": parse_resources(resource_log)})
         self.cache.commit(build, library, source)
         return build
-
-    def check_build(self, build_hash: str) -> None:
-        self.cache.artifact(build_hash)
 
     def run_cases(self, task: Task, build_hash: str, cases: list[PreparedCase], *, wall_s: float) -> HarnessOutcome:
         raise NoDeviceError(f"run_tests is not available for cuda here: {self.status().why_not}")

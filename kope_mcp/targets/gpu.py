@@ -8,9 +8,16 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from kope_mcp.errors import RefusedFlagError
 from kope_mcp.hardware import HardwareProfile
+from kope_mcp.targets.base import Target
+from kope_mcp.targets.builds import BuildCache
+
+if TYPE_CHECKING:
+    from kope_mcp.settings import KopeSettings
+    from kope_mcp.tasks.loader import Task
 
 _CC_MAJOR, _CC_MINOR, _SM_COUNT = 75, 76, 16  # CU_DEVICE_ATTRIBUTE_*
 
@@ -88,3 +95,31 @@ def resolve_arch(requested: str | None, default: str) -> str:
     except ValueError:
         raise RefusedFlagError(f"target_arch={requested}", "not a CUDA architecture",
                                "'sm_50' to 'sm_130', e.g. 'sm_80', 'sm_90', 'sm_100'") from None
+
+
+class GpuTarget(Target):
+    """What the GPU targets share: a task has a version for them when its folder holds their baseline file; the
+    hardware is the GPU present (else a no-GPU key for the default architecture); builds are content-addressed."""
+
+    baseline_file: ClassVar[str]
+    source_name: ClassVar[str]
+    artifact_name: ClassVar[str]
+    default_arch: ClassVar[str]
+
+    def __init__(self, settings: KopeSettings) -> None:
+        super().__init__(settings)
+        self.cache = BuildCache(settings.builds_dir, self.artifact_name, self.source_name)
+
+    def hardware(self) -> HardwareProfile:
+        gpu = detect_gpu()
+        return gpu_hardware(gpu, gpu.arch if gpu else self.default_arch)
+
+    def has_version(self, task: Task) -> bool:
+        return (task.folder / self.baseline_file).is_file()
+
+    def baseline_source(self, task: Task) -> str | None:
+        path = task.folder / self.baseline_file
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+
+    def check_build(self, build_hash: str) -> None:
+        self.cache.artifact(build_hash)

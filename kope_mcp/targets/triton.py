@@ -21,13 +21,12 @@ import time
 from typing import Any
 
 from kope_mcp.errors import NoDeviceError, RefusedFlagError
-from kope_mcp.hardware import HardwareProfile
 from kope_mcp.sandbox import SandboxLimits, Scratch, memory_file, read_memory_file, run_sandboxed, scrubbed_env
 from kope_mcp.settings import KopeSettings
-from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
-from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log
+from kope_mcp.targets.base import CompileOptions, Measurement, TargetStatus
+from kope_mcp.targets.builds import BuildResult, build_key, trim_log
 from kope_mcp.targets.diagnostics import Diagnostic
-from kope_mcp.targets.gpu import detect_gpu, gpu_hardware, resolve_arch
+from kope_mcp.targets.gpu import GpuTarget, detect_gpu, resolve_arch
 from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase, python_runtime
 from kope_mcp.tasks.loader import Task
 
@@ -50,14 +49,15 @@ def triton_version() -> str | None:
         return None
 
 
-class TritonTarget(Target):
+class TritonTarget(GpuTarget):
     name = "triton"
     language = "Triton (Python)"
     source_kind = "a Python module with @triton.jit kernels and a launcher `kernel(...)` taking torch tensors"
+    # The artifact is the submitted source itself.
+    baseline_file, source_name, artifact_name, default_arch = BASELINE_FILE, SOURCE_NAME, SOURCE_NAME, DEFAULT_ARCH
 
     def __init__(self, settings: KopeSettings) -> None:
         super().__init__(settings)
-        self.cache = BuildCache(settings.builds_dir, SOURCE_NAME, SOURCE_NAME)
         self.runner = NativeRunner(max(settings.memory_limit_bytes, _AS_BYTES), settings.scratch_dir)
 
     @property
@@ -81,13 +81,9 @@ class TritonTarget(Target):
                                     "interpreter on the CPU and compile_kernel compiles for target_arch",
                             details=(f"no GPU: compiles for {DEFAULT_ARCH} by default", "interpreter mode"))
 
-    def hardware(self) -> HardwareProfile:
-        gpu = detect_gpu()
-        return gpu_hardware(gpu, gpu.arch if gpu else DEFAULT_ARCH)
-
     # --- tasks ---------------------------------------------------------------------------------------------
     def signature(self, task: Task) -> str | None:
-        if not (task.folder / BASELINE_FILE).is_file():
+        if not self.has_version(task):
             return None
         params = []
         notes = []
@@ -103,10 +99,6 @@ class TritonTarget(Target):
                 params.append(f"{a.name}: float")
                 notes.append(f"#   {a.name} = {a.value}")
         return f"def kernel({', '.join(params)}) -> None\n" + "\n".join(notes)
-
-    def baseline_source(self, task: Task) -> str | None:
-        path = task.folder / BASELINE_FILE
-        return path.read_text(encoding="utf-8") if path.is_file() else None
 
     def rules(self, task: Task) -> list[str]:
         return [
@@ -187,9 +179,6 @@ class TritonTarget(Target):
             return {"ok": False, "diagnostics": [{"line": 0, "column": 0, "severity": "error",
                                                   "message": f"the Triton compile step {run.describe()}"}]}, log
         return result, log
-
-    def check_build(self, build_hash: str) -> None:
-        self.cache.artifact(build_hash)
 
     # --- run -----------------------------------------------------------------------------------------------
     def run_cases(self, task: Task, build_hash: str, cases: list[PreparedCase], *, wall_s: float) -> HarnessOutcome:
