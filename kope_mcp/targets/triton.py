@@ -20,7 +20,10 @@ import os
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from kope_mcp.errors import NoDeviceError, RefusedFlagError
+from kope_mcp.models import KernelResources
 from kope_mcp.sandbox import SandboxLimits, Scratch, memory_file, read_memory_file, run_sandboxed, scrubbed_env
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, TargetStatus
@@ -126,16 +129,14 @@ class TritonTarget(GpuTarget):
             return cached
         start = time.monotonic()
         result, log = self._compile_in_sandbox(task, source, arch)
-        diagnostics = [Diagnostic(int(d.get("line") or 0), int(d.get("column") or 0),
-                                  d.get("severity", "error"), str(d.get("message", ""))[:1000])
-                       for d in result.get("diagnostics", [])]
-        ok = bool(result.get("ok")) and not any(d.severity == "error" for d in diagnostics)
+        diagnostics = _diagnostics(result.get("diagnostics"))
+        ok = result.get("ok") is True and not any(d.severity == "error" for d in diagnostics)
         if not ok and not diagnostics:
             diagnostics.append(Diagnostic(0, 0, "error", log.strip().splitlines()[-1] if log.strip() else
                                           "the Triton compiler gave no result"))
         build = BuildResult(build_hash=digest, ok=ok, diagnostics=diagnostics, log=trim_log(log),
                             seconds=round(time.monotonic() - start, 3), cached=False, artifact=None,
-                            traits={"target_arch": arch, "resources": result.get("kernels", [])})
+                            traits={"target_arch": arch, "resources": _resources(result.get("kernels"))})
         self.cache.commit(build, source.encode("utf-8") if ok else None, source)
         return build
 
@@ -196,3 +197,28 @@ class TritonTarget(GpuTarget):
 
 def triton_env(run_dir: str) -> dict[str, str]:
     return {"TRITON_CACHE_DIR": f"{run_dir}/.triton", "TRITON_HOME": run_dir, "TRITON_DEFAULT_FP_FUSION": "1"}
+
+
+# The compile child shares its sandbox with the module's own top-level code, so its report is parsed as untrusted
+# input: anything malformed is dropped, never allowed to break the server.
+def _diagnostics(raw: Any) -> list[Diagnostic]:
+    found = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, dict):
+            continue
+        line, column = item.get("line"), item.get("column")
+        severity = str(item["severity"]) if item.get("severity") in ("error", "warning", "note") else "error"
+        found.append(Diagnostic(line if isinstance(line, int) and 0 <= line < 10**7 else 0,
+                                column if isinstance(column, int) and 0 <= column < 10**5 else 0,
+                                severity, str(item.get("message", ""))[:1000], SOURCE_NAME))
+    return found[:50]
+
+
+def _resources(raw: Any) -> list[dict[str, Any]]:
+    kept = []
+    for item in raw if isinstance(raw, list) else []:
+        try:
+            kept.append(KernelResources.model_validate(item).model_dump())
+        except ValidationError:
+            continue
+    return kept[:64]

@@ -66,6 +66,7 @@ def test_the_full_loop_works_on_every_task(server, task_id):
                                             progress_callback=on_progress)
             profile = result.structured_content
             assert not result.is_error and profile is not None
+            assert profile["failure"] is None, profile["message"]
             assert profile["kernel"]["median_s"] > 0 and profile["baseline"]["median_s"] > 0
             assert profile["reference"]["median_s"] > 0
             assert profile["kernel"]["ci95_low_s"] <= profile["kernel"]["median_s"] <= profile["kernel"]["ci95_high_s"]
