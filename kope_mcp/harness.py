@@ -142,7 +142,11 @@ class InputSet:
         self.output_meta: dict[str, dict[str, Any]] = spec["outputs"]
         self.scalars: dict[str, float] = spec.get("scalars", {})
 
-    def new_outputs(self) -> dict[str, np.ndarray]:
+    def new_outputs(self, *, guarded: bool = True) -> dict[str, np.ndarray]:
+        """Fresh output arrays; ``guarded`` ones sit between guard zones (run_tests). The profiler's many
+        per-call buffers are not: the candidate's are checked by the coordinator, the copies here are its own."""
+        if not guarded:
+            return {name: np.empty(meta["shape"], dtype=meta["dtype"]) for name, meta in self.output_meta.items()}
         return {name: self.guards.empty(name, meta["shape"], meta["dtype"]) for name, meta in self.output_meta.items()}
 
     def output_bytes(self) -> int:

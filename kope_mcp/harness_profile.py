@@ -225,8 +225,8 @@ class CandidateBuffers:
     def __init__(self, region: Region, pid: int) -> None:
         self.region, self.pid = region, pid
         self.names = list(region.sets[0].output_meta)
-        self.local = [region.sets[0].new_outputs() for _ in range(region.buffers)]
-        self.poisoned = region.sets[0].new_outputs()
+        self.local = [region.sets[0].new_outputs(guarded=False) for _ in range(region.buffers)]
+        self.poisoned = region.sets[0].new_outputs(guarded=False)
         for arr in self.poisoned.values():
             poison(arr)
 
