@@ -52,9 +52,9 @@ def measure(tasks: list[str]) -> dict[str, float]:
 
         task = bench.tasks.get(task_id)
         cases = [PreparedCase(c.name, c.sizes, task.make_inputs(c.sizes, task.case_seed(c))) for c in task.spec.cases]
-        library = bench.backends["c"].artifact(bench.store.attempt(compiled.kernel_id).build_hash)
+        library = bench.targets["c"].artifact(bench.store.attempt(compiled.kernel_id).build_hash)
         t0 = time.perf_counter()
-        outcome = bench.runner.run_tests(task, library, cases, 30.0, False)
+        outcome = bench.targets["c"].runner.run_tests(task, library, cases, 30.0, False)
         out[f"{task_id} harness"] = time.perf_counter() - t0
         assert outcome.status == "ok", outcome.message
     bench.store.close()

@@ -235,7 +235,7 @@ def test_a_kernel_cannot_see_other_runs_or_swap_another_servers_build(workbench,
     try:
         built = other.compile_kernel("vector_add", VECTOR_ADD_OK + "\n// the other server's kernel\n")
         record = other.store.attempt(built.kernel_id)
-        library = other.backends["c"].artifact(record.build_hash)
+        library = other.targets["c"].artifact(record.build_hash)
         digest = hashlib.sha256(library.read_bytes()).hexdigest()
         body = f"""
     if (writable({c_string(library)}) || readable({c_string(library)})) pwned = 1000.0f;

@@ -88,14 +88,36 @@ def test_the_baseline_is_correct_at_the_profiling_size(workbench, task_id):
     from kope_mcp.targets.native_runner import PreparedCase
 
     task = workbench.tasks.get(task_id)
-    build = workbench.backends["c"].compile_baseline(task)
+    build = workbench.targets["c"].compile_baseline(task)
     assert build.artifact is not None, build.log
     profile = task.spec.profile
     inputs = task.make_inputs(profile.sizes, task.case_seed(profile, 0), profile.ranges)
     case = PreparedCase(profile.name, profile.sizes, inputs)
-    outcome = workbench.runner.run_tests(task, build.artifact, [case], 120.0, openmp=False)
+    outcome = workbench.targets["c"].runner.run_tests(task, build.artifact, [case], 120.0, openmp=False)
     assert outcome.status == "ok", outcome.message
     result, failure = judge_case(profile.name, profile.sizes, outcome.outputs[0],
                                  task.run_reference(inputs, profile.sizes), [a.name for a in task.outputs()],
                                  task.spec.tolerance_for(profile), [])
     assert failure is None, result
+
+
+TRITON_TASK_IDS = [t.id for t in TaskRegistry.default().list() if (t.folder / "baseline_triton.py").is_file()]
+
+
+def test_at_least_twelve_tasks_in_six_families_have_a_triton_baseline():
+    families = {TaskRegistry.default().get(t).spec.family for t in TRITON_TASK_IDS}
+    assert len(TRITON_TASK_IDS) >= 12 and len(families) >= 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", TRITON_TASK_IDS)
+def test_every_triton_baseline_compiles_and_passes_its_tests(workbench, task_id):
+    target = workbench.targets["triton"]
+    if not target.status().run:
+        pytest.skip(f"triton cannot run here: {target.status().why_not}")
+    source = target.baseline_source(workbench.tasks.get(task_id))
+    compiled = workbench.compile_kernel(task_id, source, backend="triton", strategy="naive Triton baseline")
+    assert compiled.ok, compiled.diagnostics
+    assert compiled.resources and all(r.registers for r in compiled.resources)
+    report = workbench.run_tests(compiled.kernel_id)
+    assert report.passed, report.message
