@@ -146,3 +146,26 @@ class NoDeviceError(KopeError):
 
 class TargetMismatchError(KopeError):
     code = "target_mismatch"
+
+
+class EmptySourceError(KopeError):
+    code = "empty_source"
+
+
+class TooLongError(KopeError):
+    """A text argument over its documented cap: refused, never silently cut."""
+
+    code = "too_long"
+
+    def __init__(self, argument: str, length: int, cap: int) -> None:
+        super().__init__(f"`{argument}` has {length:,} characters; at most {cap:,} are accepted. Shorten it: "
+                         "a strategy is a name ('unroll by 4'), a lesson or rationale a paragraph")
+
+
+MAX_STRATEGY_CHARS = 200
+MAX_TEXT_CHARS = 4000
+
+
+def check_length(argument: str, value: str | None, cap: int) -> None:
+    if value is not None and len(value) > cap:
+        raise TooLongError(argument, len(value), cap)

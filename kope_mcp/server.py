@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 
 import kope_mcp
 from kope_mcp.instructions import INSTRUCTIONS
@@ -17,6 +19,26 @@ from kope_mcp.tools import memory as memory_tools
 from kope_mcp.tools import tasks as task_tools
 from kope_mcp.tools import workbench as workbench_tools
 from kope_mcp.tools._context import AppState, LiveState
+from kope_mcp.tools._errors import model_facing_message
+
+
+class KopeMCPServer(MCPServer[AppState]):
+    """The SDK's server, with refusals worded for the model: the stable code first, arguments named."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[AppState, Any] | None = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except UnexpectedToolError:
+            raise  # a crash: the SDK keeps its text off the wire and logs the traceback
+        except ToolError as exc:
+            message = model_facing_message(name, exc)
+            if message is None and not any(tool.name == name for tool in await self.list_tools()):
+                names = ", ".join(sorted(tool.name for tool in await self.list_tools()))
+                message = f"unknown_tool: no tool {name!r}; tools: {names}"
+            if message is None:
+                raise
+            raise ToolError(message) from exc
 
 
 def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
@@ -40,7 +62,7 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
             workbench.memory.stop()
             workbench.store.close()
 
-    server: MCPServer[Any] = MCPServer(
+    server: MCPServer[Any] = KopeMCPServer(
         name="kope-mcp",
         version=kope_mcp.__version__,
         instructions=INSTRUCTIONS,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kope_mcp.errors import KopeError
+from kope_mcp.errors import MAX_STRATEGY_CHARS, MAX_TEXT_CHARS, KopeError, check_length
 from kope_mcp.hardware import detect_hardware
 from kope_mcp.memory.outcome import LABEL_PRIOR, UNVERIFIED_CONFIDENCE
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord
@@ -85,6 +85,9 @@ class ExperienceService:
     ) -> RecordResult:
         if not lesson.strip() or not strategy.strip():
             raise EmptyLessonError("both `strategy` and `lesson` need text: what you tried, and what you learned")
+        check_length("strategy", strategy.strip(), MAX_STRATEGY_CHARS)
+        check_length("lesson", lesson.strip(), MAX_TEXT_CHARS)
+        check_length("rationale", rationale, MAX_TEXT_CHARS)
         with self.memory.write_lock:
             return self._record(strategy, lesson, kernel_id, session_id, task_id, opt_layer, rationale, hardware,
                                 agent)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kope_mcp.errors import (
+    MAX_STRATEGY_CHARS,
     BuildTamperedError,
+    EmptySourceError,
     FailedTestsError,
     NoDeviceError,
     NotCompiledError,
@@ -27,6 +29,7 @@ from kope_mcp.errors import (
     TaskMismatchError,
     TaskNotOnTargetError,
     UnknownBackendError,
+    check_length,
 )
 from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.records import AgentInfo, AttemptRecord
@@ -151,6 +154,12 @@ class Workbench:
         size = len(source.encode("utf-8"))
         if size > self.settings.max_source_bytes:
             raise SourceTooLargeError(size, self.settings.max_source_bytes)
+        if not source.strip():
+            raise EmptySourceError(f"the source is empty; send the complete {target.source_kind}")
+        check_length("strategy", strategy, MAX_STRATEGY_CHARS)
+        options = CompileOptions(target_arch=target_arch)
+        # Everything refusable is refused before a session or an attempt is recorded.
+        target.check_flags(list(flags or []), options)
         sandbox_warnings = self._require_sandbox()
         hardware = target.hardware()
         parent = self.store.attempt(parent_id) if parent_id else None
@@ -174,7 +183,7 @@ class Workbench:
         if parent is None:
             parent = self.memory.latest_in_session(session.session_id)
         progress(0, 1, f"compiling for {task_id} ({backend})")
-        build = target.compile(task, source, list(flags or []), CompileOptions(target_arch=target_arch))
+        build = target.compile(task, source, list(flags or []), options)
         first_error = next((d.message for d in build.diagnostics if d.severity == "error"), None)
         record = self.memory.record_compile(AttemptRecord(
             kernel_id=new_id("k"), session_id=session.session_id, task_id=task_id, family=task.spec.family,

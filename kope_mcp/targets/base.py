@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from kope_mcp.errors import DeterministicUnavailableError
+from kope_mcp.errors import DeterministicUnavailableError, RefusedFlagError
 from kope_mcp.hardware import HardwareProfile
 from kope_mcp.targets.builds import BuildResult
 from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
@@ -97,6 +97,14 @@ class Target(ABC):
 
     def default_flags(self) -> list[str]:
         return []
+
+    def check_flags(self, flags: list[str], options: CompileOptions) -> None:
+        """Refuse what this target does not take, before anything is recorded (RefusedFlagError)."""
+        if flags:
+            raise RefusedFlagError(" ".join(flags), f"the {self.name} backend takes no compiler flags", "none")
+        if options.target_arch is not None:
+            raise RefusedFlagError(f"target_arch={options.target_arch}",
+                                   f"the {self.name} backend does not compile for a GPU architecture", "omit it")
 
     # --- the workflow --------------------------------------------------------------------------------------
     @abstractmethod

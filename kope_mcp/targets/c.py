@@ -99,6 +99,11 @@ class CpuCTarget(Target):
     def default_flags(self) -> list[str]:
         return list(BASE_FLAGS)
 
+    def check_flags(self, flags: list[str], options: CompileOptions) -> None:
+        validate_flags(flags)
+        if options.target_arch is not None:
+            super().check_flags([], options)
+
     def uses_openmp(self, build_hash: str) -> bool:
         return bool(self.cache.traits(build_hash).get("uses_openmp"))
 

@@ -115,6 +115,10 @@ class CudaTarget(GpuTarget):
                                      if gpu else "no CUDA GPU on this machine; compile_kernel works without one"),
                             details=(f"nvcc {version} at {nvcc_path()}",))
 
+    def check_flags(self, flags: list[str], options: CompileOptions) -> None:
+        validate_cuda_flags(flags)
+        resolve_arch(options.target_arch, DEFAULT_ARCH)
+
     def signature(self, task: Task) -> str | None:
         return f'extern "C" {task.spec.prototype}' if self.has_version(task) else None
 

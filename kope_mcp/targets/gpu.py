@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from kope_mcp.errors import RefusedFlagError
 from kope_mcp.hardware import HardwareProfile
-from kope_mcp.targets.base import Target
+from kope_mcp.targets.base import CompileOptions, Target
 from kope_mcp.targets.builds import BuildCache
 
 if TYPE_CHECKING:
@@ -123,3 +123,8 @@ class GpuTarget(Target):
 
     def check_build(self, build_hash: str) -> None:
         self.cache.artifact(build_hash)
+
+    def check_flags(self, flags: list[str], options: CompileOptions) -> None:
+        resolve_arch(options.target_arch, self.default_arch)
+        if flags:
+            super().check_flags(flags, CompileOptions())

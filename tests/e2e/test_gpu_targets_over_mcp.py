@@ -50,9 +50,7 @@ async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
 async def error_of(client: Client, tool: str, **arguments: Any) -> str:
     result = await client.call_tool(tool, arguments)
     assert result.is_error
-    text = result.content[0].text  # type: ignore[union-attr]
-    # The SDK puts "Error executing tool <name>: " before the server's message, which starts with its code.
-    return text.split(": ", 1)[1] if text.startswith("Error executing tool") else text
+    return result.content[0].text  # type: ignore[union-attr]
 
 
 def test_list_and_get_task_show_each_tasks_backends(server):
