@@ -11,13 +11,16 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    import kope_mcp
+
     parser = argparse.ArgumentParser(prog="kope", description="kope-mcp: an MCP workbench for kernel optimisation.")
+    parser.add_argument("--version", action="version", version=f"kope-mcp {kope_mcp.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the MCP server (stdio for Claude Desktop and IDEs, or HTTP)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     serve.add_argument("--host", default="127.0.0.1", help="http: address to listen on (non-loopback needs a token)")
-    serve.add_argument("--port", type=int, default=8765, help="http: port (0: any free port)")
+    serve.add_argument("--port", type=_port, default=8765, help="http: port 0-65535 (0: any free port)")
     serve.add_argument("--token-file", help="http: file holding the bearer token (or set KOPE_TOKEN)")
     serve.add_argument("--allowed-host", action="append", default=[],
                        help="http: a Host header value clients use (required for non-loopback hosts; repeatable)")
@@ -65,6 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     return _demo()
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0-65535; 0 picks a free one)")
+    return port
+
+
 def _serve(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
@@ -78,7 +91,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.transport == "http":
         from kope_mcp.http_server import HttpOptions
 
-        token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("KOPE_TOKEN")
+        try:
+            token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("KOPE_TOKEN")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not text"
+            print(f"error: cannot read the token file {args.token_file}: {why}", file=sys.stderr)
+            return 2
+        if args.token_file and not token:
+            print(f"error: the token file {args.token_file} is empty; put a long random token in it "
+                  "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)", file=sys.stderr)
+            return 2
         options = HttpOptions(host=args.host, port=args.port, token=token or None,
                               allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin)
         return _own_and_serve_http(settings, options, on_demand=False)
@@ -348,7 +370,8 @@ def _doctor() -> int:
         print(f"           {'active ' if layer.active else 'MISSING'}  {layer.name}: {layer.detail}")
     from kope_mcp.targets.registry import load_targets
 
-    for name, target in load_targets(settings).items():
+    targets = load_targets(settings)
+    for name, target in targets.items():
         status = target.status()
         can = [w for w, on in (("compile", status.compile), ("run", status.run), ("profile", status.profile)) if on]
         print(f"Target     {name} ({target.language}): {status.summary}; {', '.join(can) or 'unavailable'}")
@@ -358,8 +381,14 @@ def _doctor() -> int:
             print(f"           {detail}")
         print(f"           hardware key {target.hardware().key}")
     print(f"KOPE_HOME  {settings.home}")
-    if not working:
-        print("\nNo working C compiler: install gcc (Debian/Ubuntu: apt-get install gcc).", file=sys.stderr)
+    c_target = targets.get("c")
+    if c_target is not None and not c_target.status().compile:
+        # The default backend: a server whose `c` cannot compile fails most calls a client makes.
+        print(f"\nThe c backend cannot compile: {c_target.status().why_not}. Install gcc (Debian/Ubuntu: "
+              "apt-get install gcc) or point KOPE_CC at a working C compiler.", file=sys.stderr)
+        return 1
+    if not any(t.status().compile for t in targets.values()):
+        print("\nNo backend can compile on this machine.", file=sys.stderr)
         return 1
     return 0
 

@@ -39,6 +39,9 @@ class DaemonError(KopeError):
     code = "daemon_unavailable"
 
 
+LOG_ROTATE_BYTES = 1024**2
+
+
 class DaemonState(BaseModel):
     pid: int
     url: str
@@ -47,9 +50,10 @@ class DaemonState(BaseModel):
     on_demand: bool
 
 
-def _dir(home: Path) -> Path:
+def _dir(home: Path, *, create: bool = True) -> Path:
     path = home / DAEMON_DIR
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -88,7 +92,10 @@ def claim(home: Path) -> Ownership | None:
 
 
 def _owner_alive(home: Path) -> bool:
-    fd = os.open(_dir(home) / "owner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    lock = _dir(home, create=False) / "owner.lock"
+    if not lock.exists():
+        return False  # asking about a home nobody ever served creates nothing in it
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -100,7 +107,7 @@ def _owner_alive(home: Path) -> bool:
 
 def read_state(home: Path) -> DaemonState | None:
     try:
-        return DaemonState.model_validate_json((_dir(home) / "state.json").read_text())
+        return DaemonState.model_validate_json((_dir(home, create=False) / "state.json").read_text())
     except (FileNotFoundError, ValueError):
         return None
 
@@ -157,6 +164,8 @@ def ensure(home: Path, timeout_s: float = START_TIMEOUT_S) -> DaemonState:
 
 def _spawn(home: Path, timeout_s: float) -> DaemonState:
     log_path = _dir(home) / "daemon.log"
+    if log_path.exists() and log_path.stat().st_size > LOG_ROTATE_BYTES:
+        os.replace(log_path, log_path.with_suffix(".log.1"))  # one previous log is kept
     env = {**os.environ, "KOPE_HOME": str(home)}
     with log_path.open("ab") as log:
         child = subprocess.Popen([sys.executable, "-m", "kope_mcp", "daemon", "run"], stdin=subprocess.DEVNULL,

@@ -79,3 +79,46 @@ def test_a_relative_kope_home_works_from_the_sandbox(tmp_path, monkeypatch):
     compiled = workbench.compile_kernel("vector_add", VECTOR_ADD_OK)
     assert workbench.run_tests(compiled.kernel_id).passed
     workbench.store.close()
+
+
+def test_version_prints_the_package_version(capsys):
+    import kope_mcp
+
+    try:
+        main(["--version"])
+    except SystemExit as exc:
+        assert exc.code == 0
+    assert capsys.readouterr().out.strip() == f"kope-mcp {kope_mcp.__version__}"
+
+
+def test_doctor_lists_every_target_and_fails_when_the_c_compiler_does_not_run(monkeypatch, capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "Target     c " in out and "Target     triton " in out and "Target     cuda " in out
+    monkeypatch.setenv("KOPE_CC", "no-such-cc-kope")
+    assert main(["doctor"]) == 1
+    assert "The c backend cannot compile" in capsys.readouterr().err
+
+
+def test_bad_ports_and_token_files_end_in_one_line_not_a_traceback(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--transport", "http", "--port", "99999"])
+    assert "not a port number" in capsys.readouterr().err
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    assert main(["serve", "--transport", "http", "--token-file", str(empty)]) == 2
+    assert "is empty" in capsys.readouterr().err
+    assert main(["serve", "--transport", "http", "--token-file", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the token file" in err and "Traceback" not in err
+
+
+def test_daemon_stop_and_status_on_an_unused_home_create_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KOPE_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    assert main(["daemon", "stop"]) == 0
+    assert main(["daemon", "status"]) == 1
+    assert "nothing serves" in capsys.readouterr().out
+    assert list((tmp_path / "home").iterdir()) == []
