@@ -111,6 +111,15 @@ class HomeProxy:
                           f"({exc}); it may or may not have completed. Call again: a new daemon starts, with "
                           "every acknowledged result intact.")
 
+    async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
+        return await self._with_owner(ctx, lambda c: c.list_prompts())
+
+    async def get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        return await self._with_owner(ctx, lambda c: c.get_prompt(params.name, params.arguments or {}))
+
+    async def list_resource_templates(self, ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
+        return await self._with_owner(ctx, lambda c: c.list_resource_templates())
+
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
         return await self._with_owner(ctx, lambda c: c.list_resources())
 
@@ -140,6 +149,8 @@ def run_stdio_proxy(home: Path) -> None:
         "kope-mcp", version=kope_mcp.__version__, instructions=INSTRUCTIONS,
         on_list_tools=proxy.list_tools, on_call_tool=proxy.call_tool,
         on_list_resources=proxy.list_resources, on_read_resource=proxy.read_resource,
+        on_list_resource_templates=proxy.list_resource_templates,
+        on_list_prompts=proxy.list_prompts, on_get_prompt=proxy.get_prompt,
     )
 
     async def main() -> None:

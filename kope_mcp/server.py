@@ -16,6 +16,7 @@ import kope_mcp
 from kope_mcp.instructions import INSTRUCTIONS
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tools import memory as memory_tools
+from kope_mcp.tools import prompts as prompt_tools
 from kope_mcp.tools import tasks as task_tools
 from kope_mcp.tools import workbench as workbench_tools
 from kope_mcp.tools._context import AppState, LiveState
@@ -72,6 +73,7 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
     task_tools.register(server)
     workbench_tools.register(server)
     memory_tools.register(server, live)
+    prompt_tools.register(server, live)
     return server
 
 

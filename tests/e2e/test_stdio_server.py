@@ -30,6 +30,14 @@ def test_a_stdio_client_can_compile_test_and_survive_a_crashing_kernel(tmp_path)
                 assert (await client.call_tool("run_tests", {"kernel_id": kernel_id})).structured_content["passed"]
                 profile = await client.call_tool("profile_kernel", {"kernel_id": kernel_id})
                 assert not profile.is_error and profile.structured_content["speedup_vs_baseline"] > 0
+                # The proxy forwards what the daemon serves beyond tools: the prompt and the task resources.
+                assert [p.name for p in (await client.list_prompts()).prompts] == ["optimise_kernel"]
+                prompt = await client.get_prompt("optimise_kernel", {"task_id": "relu"})
+                assert "query_experience" in prompt.messages[0].content.text
+                templates = (await client.list_resource_templates()).resource_templates
+                assert [t.uri_template for t in templates] == ["kope://tasks/{task_id}"]
+                refused = await client.call_tool("get_task", {"task_id": "nope"})
+                assert refused.is_error and refused.content[0].text.startswith("unknown_task:")
 
     anyio.run(body)
     assert (tmp_path / "home" / "memory.kuzu").is_file()
