@@ -10,6 +10,7 @@ mid-way is reported as an error, never retried (it may have run).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,16 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 import kope_mcp
 from kope_mcp import daemon
+from kope_mcp.errors import MAX_TEXT_CHARS, SourceTooLargeError, TooLongError
 from kope_mcp.http_server import MCP_PATH
 from kope_mcp.instructions import INSTRUCTIONS
+from kope_mcp.settings import KopeSettings
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,9 @@ _CONNECT: tuple[type[BaseException], ...] = (httpx2.ConnectError, ConnectionRefu
 _BROKEN: tuple[type[BaseException], ...] = (httpx2.HTTPError, anyio.BrokenResourceError, anyio.EndOfStream,
                                             anyio.ClosedResourceError, OSError)
 _CAUGHT: tuple[type[BaseException], ...] = (BaseExceptionGroup, MCPError, *_CONNECT, *_BROKEN)
+
+
+_ENVELOPE_BYTES = 64 * 1024  # the JSON-RPC envelope and headers around the arguments
 
 
 class _CutOff(Exception):
@@ -91,6 +98,9 @@ class HomeProxy:
         return self._tools
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        oversized = _oversized(params.arguments or {})
+        if oversized is not None:
+            return _error(oversized)
         meta = ctx.meta if isinstance(ctx.meta, dict) else {}
         token = meta.get("progress_token", meta.get("progressToken"))
 
@@ -135,6 +145,21 @@ def _caller(ctx: Any) -> types.Implementation | None:
         return types.Implementation(name=str(info["name"]), version=str(info.get("version", "")))
     info = getattr(getattr(ctx.session, "client_params", None), "client_info", None)
     return types.Implementation(name=info.name, version=info.version) if info else None
+
+
+def _oversized(arguments: dict[str, Any]) -> str | None:
+    """The refusal for a call the daemon's HTTP body limit would cut off with a bare 413, worded as the daemon
+    words an over-cap argument; None when the call fits."""
+    sizes = {name: len(json.dumps(value).encode()) for name, value in arguments.items()}
+    if sum(sizes.values()) <= DEFAULT_MAX_REQUEST_BODY_SIZE - _ENVELOPE_BYTES:
+        return None
+    name = max(sizes, key=lambda k: sizes[k])
+    if name == "source":
+        source = arguments["source"]
+        size = len(source.encode("utf-8", errors="replace")) if isinstance(source, str) else sizes[name]
+        return str(SourceTooLargeError(size, KopeSettings.from_env().max_source_bytes))
+    value = arguments[name]
+    return str(TooLongError(name, len(value) if isinstance(value, str) else sizes[name], MAX_TEXT_CHARS))
 
 
 def _error(message: str) -> types.CallToolResult:

@@ -38,6 +38,10 @@ def test_a_stdio_client_can_compile_test_and_survive_a_crashing_kernel(tmp_path)
                 assert [t.uri_template for t in templates] == ["kope://tasks/{task_id}"]
                 refused = await client.call_tool("get_task", {"task_id": "nope"})
                 assert refused.is_error and refused.content[0].text.startswith("unknown_task:")
+                # Past the daemon's HTTP body limit, the answer is the cap, not a bare 413.
+                huge = await client.call_tool("compile_kernel", {"task_id": "vector_add",
+                                                                 "source": VECTOR_ADD_OK + "//" + "x" * 5_000_000})
+                assert huge.is_error and huge.content[0].text.startswith("source_too_large:")
 
     anyio.run(body)
     assert (tmp_path / "home" / "memory.kuzu").is_file()
