@@ -29,7 +29,9 @@ def test_the_built_in_targets_register_through_the_entry_point_group():
     assert {"c", "triton", "cuda"} <= set(REGISTERED)
 
 
-@pytest.mark.parametrize("name", [*REGISTERED, "fake"])
+# The interpreter's torch and triton imports take seconds: triton runs with -m slow.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "triton" else n
+                                  for n in [*REGISTERED, "fake"]])
 def test_every_available_target_fulfils_the_workflow_contract(bench, name):
     target = bench.targets[name]
     status = target.status()

@@ -2,6 +2,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a subprocess or a multi-second workflow: not the everyday loop
+
 
 def test_kope_demo_runs_a_session_end_to_end_and_reports_a_speedup(tmp_path):
     env = {**os.environ, "KOPE_HOME": str(tmp_path / "home"), "KOPE_PROFILE_S": "0.5"}

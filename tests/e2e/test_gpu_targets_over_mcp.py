@@ -72,6 +72,7 @@ def test_list_and_get_task_show_each_tasks_backends(server):
 
 @needs_triton
 @no_gpu
+@pytest.mark.slow
 def test_a_triton_kernel_compiles_for_a_gpu_and_is_tested_in_the_interpreter(server):
     async def body():
         async with Client(server) as client:
@@ -105,6 +106,7 @@ def test_a_triton_kernel_with_an_unmasked_tail_fails_as_an_out_of_bounds_write(s
 
 
 @needs_triton
+@pytest.mark.slow
 def test_a_triton_frontend_error_points_at_the_users_line(server):
     source = UNMASKED_TAIL.replace("tl.load(b_ptr + offs))", "tl.load(b_ptr + offs) + undefined_name)")
     line = source.splitlines().index(next(s for s in source.splitlines() if "undefined_name" in s)) + 1
@@ -128,6 +130,7 @@ def test_a_triton_frontend_error_points_at_the_users_line(server):
 
 
 @needs_triton
+@pytest.mark.slow
 def test_an_exception_in_a_triton_launcher_is_a_crash_naming_the_case_and_line(server):
     source = UNMASKED_TAIL.replace("def kernel(a, b, out, n):\n",
                                    "def kernel(a, b, out, n):\n    if n == 7:\n        raise ValueError('seven')\n")

@@ -14,6 +14,9 @@ from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import VECTOR_ADD_OK, make_settings
 
 TASK_IDS = sorted(t.id for t in TaskRegistry.default().list())
+# The everyday loop runs the whole workflow on one task per shape of problem; every task runs with -m slow.
+EVERYDAY_TASKS = {"vector_add", "softmax", "matmul"}
+LOOP_TASKS = [pytest.param(t, marks=() if t in EVERYDAY_TASKS else pytest.mark.slow) for t in TASK_IDS]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def test_tools_are_listed_with_schemas_annotations_and_docstrings(server):
     run(body)
 
 
-@pytest.mark.parametrize("task_id", TASK_IDS)
+@pytest.mark.parametrize("task_id", LOOP_TASKS)
 def test_the_full_loop_works_on_every_task(server, task_id):
     async def body():
         async with Client(server) as client:

@@ -24,6 +24,8 @@ from kope_mcp.http_server import HttpConfigError, HttpOptions
 from kope_mcp.memory.store import KuzuExperienceStore
 from tests.conftest import VECTOR_ADD_OK
 
+pytestmark = pytest.mark.slow  # a subprocess or a multi-second workflow: not the everyday loop
+
 
 @pytest.fixture
 def home(tmp_path):

@@ -6,9 +6,12 @@ import os
 import sys
 
 import anyio
+import pytest
 from mcp import Client, StdioServerParameters
 
 from tests.conftest import VECTOR_ADD_OK
+
+pytestmark = pytest.mark.slow  # a subprocess or a multi-second workflow: not the everyday loop
 
 
 def test_a_stdio_client_can_compile_test_and_survive_a_crashing_kernel(tmp_path):

@@ -14,6 +14,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 import kope_mcp
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.tasks.registry import TaskRegistry
@@ -112,6 +114,7 @@ def test_links_planted_in_the_run_directory_are_never_followed(workbench, home):
     assert TOKEN not in report.message and "SIGABRT" in report.message
 
 
+@pytest.mark.slow
 def test_a_result_file_written_by_the_kernel_is_ignored(workbench):
     body = r"""
     FILE *f = fopen("result.json", "w");
@@ -125,6 +128,7 @@ def test_a_result_file_written_by_the_kernel_is_ignored(workbench):
     assert profile.speedup_vs_baseline < 3.0
 
 
+@pytest.mark.slow
 def test_a_kernel_that_slips_fake_batches_into_the_timing_pipe_is_refused(workbench):
     # Every call closes the harness's batch at once with a well-formed 0 ns claim, and opens one of its own, on
     # the timing descriptor the job names.
@@ -251,6 +255,7 @@ def test_a_kernel_cannot_see_other_runs_or_swap_another_servers_build(workbench,
         other.store.close()
 
 
+@pytest.mark.slow
 def test_the_harness_runs_when_kope_mcp_sits_in_a_folder_no_one_else_can_enter(tmp_path):
     # A 0700 home or `mktemp -d`: the sandbox's uid cannot traverse it, so the package is bound read-only.
     private = tmp_path / "private"
@@ -283,6 +288,7 @@ def test_the_harness_runs_when_kope_mcp_sits_in_a_folder_no_one_else_can_enter(t
     assert done.stdout.startswith("ok")
 
 
+@pytest.mark.slow
 def test_a_kernel_cannot_slow_the_baseline_down_with_a_thread_of_its_own(workbench):
     # A thread that burns the (pinned) CPU whenever the kernel itself is not running: in a shared process it made
     # the baseline and the reference run at half speed, a forged 2x. Each implementation now has its own process,

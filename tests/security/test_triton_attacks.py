@@ -9,7 +9,7 @@ import pytest
 from kope_mcp.targets.triton import triton_version
 from tests.security.conftest import TOKEN
 
-pytestmark = pytest.mark.skipif(triton_version() is None, reason="triton is not installed")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(triton_version() is None, reason="triton is not installed")]
 
 LAUNCHER = '''
 import triton

@@ -73,6 +73,7 @@ def args(url: str, home: Path, **overrides) -> Namespace:
     return Namespace(**{**base, **overrides})
 
 
+@pytest.mark.slow
 def test_the_loop_calls_tools_feeds_back_errors_and_injects_experience(tmp_path, monkeypatch):
     monkeypatch.setenv("KOPE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("KOPE_EMBEDDINGS", "off")

@@ -3,10 +3,13 @@
 import json
 
 import anyio
+import pytest
 
 from kope_mcp.bench.agent import evidence
 from kope_mcp.bench.protocol import BenchConfig, split
 from kope_mcp.bench.runner import run_bench
+
+pytestmark = pytest.mark.slow  # a subprocess or a multi-second workflow: not the everyday loop
 
 
 def test_a_tiny_run_writes_the_report_the_plots_and_per_policy_results(tmp_path):

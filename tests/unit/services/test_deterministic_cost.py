@@ -8,6 +8,7 @@ from kope_mcp.targets.cost import parse_callgrind
 pytestmark = pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 
 
+@pytest.mark.slow
 def test_instruction_counts_repeat_exactly_and_compare_with_the_baseline(workbench):
     task = workbench.tasks.get("vector_add")
     compiled = workbench.compile_kernel("vector_add", task.baseline_source, flags=["-O3"])

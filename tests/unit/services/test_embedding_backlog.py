@@ -1,5 +1,7 @@
 """Items recorded while semantic search was off get embedded once the model is available."""
 
+import pytest
+
 from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.services.experience import ExperienceService
@@ -8,6 +10,7 @@ from kope_mcp.services.workbench import Workbench
 from tests.conftest import VECTOR_ADD_OK, make_settings
 
 
+@pytest.mark.slow
 def test_a_restart_with_the_model_embeds_what_was_recorded_without_it(tmp_path, registry):
     settings = make_settings(tmp_path)
     offline = Workbench(settings, registry)

@@ -8,7 +8,7 @@ import pytest
 from kope_mcp.services.experience import ExperienceService
 from kope_mcp.targets.triton import triton_version
 
-pytestmark = pytest.mark.skipif(triton_version() is None, reason="triton is not installed")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(triton_version() is None, reason="triton is not installed")]
 
 SAXPY_TRITON_NO_MASK = '''
 import triton

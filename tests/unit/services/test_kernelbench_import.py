@@ -142,6 +142,7 @@ def test_the_reference_is_the_pytorch_model_in_float64_and_deterministic_per_see
     np.testing.assert_allclose(out, np.einsum("nctk,fck->nft", windows, w) + b[None, :, None], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_a_kernel_for_an_imported_problem_is_compiled_tested_and_profiled_through_mcp(imported):
     settings, _ = imported
 

@@ -16,6 +16,7 @@ from tests.conftest import make_settings
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tasks" / "axpby"
 
 
+@pytest.mark.slow
 def test_the_worked_example_is_installed_and_served_through_mcp(tmp_path):
     settings = make_settings(tmp_path / "home")
     added = add_task(settings, EXAMPLE)

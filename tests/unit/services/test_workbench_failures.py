@@ -93,6 +93,7 @@ def test_a_segfault_is_a_crash_naming_the_case(workbench):
     assert "SIGSEGV" in report.message and "prime_1009" in report.message
 
 
+@pytest.mark.slow
 def test_an_infinite_loop_is_a_timeout(workbench):
     report = compile_and_test(workbench, vector_add_with_body("volatile int x = 1; while (x) {}"))
     assert report.failure == "timeout"
@@ -121,6 +122,7 @@ def test_a_50_gb_malloc_is_a_classified_failure(workbench):
     assert report.failure == "crash"
 
 
+@pytest.mark.slow
 def test_an_output_flood_is_stopped(workbench):
     report = compile_and_test(workbench, vector_add_with_body(
         "for (;;) fwrite(a, 1, 1 << 20, stdout);"))

@@ -1,5 +1,7 @@
 """profile_kernel's report: what was measured, on what, and under which conditions."""
 
+import pytest
+
 from kope_mcp.hardware import detect_hardware
 
 OPENMP_VECTOR_ADD = """#include <stdint.h>
@@ -33,6 +35,7 @@ def test_without_timing_the_reference_only_kernel_and_baseline_are_measured(work
     assert report.kernel.n >= 7 and report.baseline.n >= 7 and report.speedup_vs_baseline > 0
 
 
+@pytest.mark.slow
 def test_an_openmp_kernel_runs_on_every_core_and_the_report_says_so(workbench):
     compiled = workbench.compile_kernel("vector_add", OPENMP_VECTOR_ADD, flags=["-O2", "-fopenmp"])
     assert compiled.ok, compiled.log
