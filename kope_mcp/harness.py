@@ -149,6 +149,13 @@ class InputSet:
             return {name: np.empty(meta["shape"], dtype=meta["dtype"]) for name, meta in self.output_meta.items()}
         return {name: self.guards.empty(name, meta["shape"], meta["dtype"]) for name, meta in self.output_meta.items()}
 
+    def poisoned_outputs(self) -> dict[str, np.ndarray]:
+        """Fresh guarded outputs filled with the poison, for one call."""
+        outputs = self.new_outputs()
+        for arr in outputs.values():
+            poison(arr)
+        return outputs
+
     def output_bytes(self) -> int:
         return sum(int(np.prod(m["shape"])) * np.dtype(m["dtype"]).itemsize for m in self.output_meta.values())
 
@@ -199,9 +206,7 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
     pid0 = os.getpid()
     results = []
     for index, case in enumerate(sets):
-        outputs = case.new_outputs()
-        for arr in outputs.values():
-            poison(arr)
+        outputs = case.poisoned_outputs()
         progress.mark(f"start {index} {case.name}")
         t0 = time.perf_counter()
         kernel(*case.call_args(outputs))

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kope_mcp.harness import CANARY, GUARD_BYTES, Channel, InputSet, LoadError, ResultWriter, poison
+from kope_mcp.harness import CANARY, GUARD_BYTES, Channel, InputSet, LoadError, ResultWriter
 
 MODULE_NAME = "kope_kernel"
 
@@ -109,9 +109,7 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
     module = load_module(path)
     results = []
     for index, case in enumerate(sets):
-        outputs = case.new_outputs()
-        for arr in outputs.values():
-            poison(arr)
+        outputs = case.poisoned_outputs()
         progress.mark(f"start {index} {case.name}")
         device = DeviceCase(torch, case) if on_gpu else None
         if device is not None:
