@@ -41,6 +41,15 @@ class KopeMCPServer(MCPServer[AppState]):
                 raise
             raise ToolError(message) from exc
 
+    async def run_stdio_async(self) -> None:
+        from mcp.server.stdio import stdio_server
+
+        from kope_mcp.stdio_input import CleanStdin
+
+        async with stdio_server(stdin=CleanStdin()) as (read_stream, write_stream):  # type: ignore[arg-type]
+            await self._lowlevel_server.run(read_stream, write_stream,
+                                            self._lowlevel_server.create_initialization_options())
+
 
 def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
     settings = settings or KopeSettings.from_env()
