@@ -236,8 +236,8 @@ def _tasks(action: str | None, task_id: str | None, family: str | None, replace:
             print(exc, file=sys.stderr)
             return 2
         print(f"{'replaced' if added.replaced else 'added'} task {added.task_id}: {added.prototype}\n"
-              f"its baseline passed its {added.baseline_cases_passed} cases; installed at {added.installed_at} "
-              "(restart running servers to see it)")
+              f"its baseline passed its {added.baseline_cases_passed} cases; installed at {added.installed_at}")
+        _reload_servers(settings.home)
         return 0
     registry = TaskRegistry.default(settings.home)
     for problem in registry.problems:
@@ -277,8 +277,9 @@ def _import_kernelbench(paths: list[str], replace: bool) -> int:
               f"{done.scale}, {done.cases} cases, tolerance {done.tolerance:g}\n    {done.prototype}")
     for skipped in report.skipped:
         print(f"skipped {skipped.source}: {skipped.reason}", file=sys.stderr)
-    print(f"{len(report.imported)} imported, {len(report.skipped)} skipped"
-          + (" (restart running servers to see them)" if report.imported else ""))
+    print(f"{len(report.imported)} imported, {len(report.skipped)} skipped")
+    if report.imported:
+        _reload_servers(KopeSettings.from_env().home)
     return 0 if report.imported or not report.skipped else 1
 
 
@@ -299,6 +300,38 @@ def _print_task(task: Any) -> None:
         print(f"Baseline (C):\n{textwrap.indent(task.baseline_source, '    ')}")
 
 
+def _free_home(home: Any, purpose: str) -> str | None:
+    """Give this command the home's database. An on-demand daemon is stopped (clients start a new one, with every
+    acknowledged write, on their next call); a server someone started is left alone. The refusal line, or None."""
+    from kope_mcp import daemon
+
+    state = daemon.running(home)
+    if state is None:
+        return None
+    if not state.on_demand:
+        return (f"error: {home} is served by pid {state.pid} ({state.url or 'kope serve --no-daemon'}); "
+                f"`kope {purpose}` needs its database to itself: stop that server first")
+    daemon.stop(home)
+    print(f"stopped the home's on-demand daemon (pid {state.pid}) for `kope {purpose}`; clients start a new one "
+          "on their next call", file=sys.stderr)
+    return None
+
+
+def _reload_servers(home: Any) -> None:
+    """New tasks reach clients: an on-demand daemon is stopped (the next call starts one that loads them)."""
+    from kope_mcp import daemon
+
+    state = daemon.running(home)
+    if state is None:
+        return
+    if state.on_demand:
+        daemon.stop(home)
+        print(f"stopped the home's on-demand daemon (pid {state.pid}): clients' next call starts one that serves "
+              "the new task(s)")
+    else:
+        print(f"restart the server of this home (pid {state.pid}) for its clients to see the new task(s)")
+
+
 def _memory(action: str, target: str | None) -> int:
     import json
     from pathlib import Path
@@ -314,8 +347,18 @@ def _memory(action: str, target: str | None) -> int:
         print(f"usage: kope memory {action} {'ID' if action == 'show' else 'FILE.jsonl'}", file=sys.stderr)
         return 2
     settings = KopeSettings.from_env()
+    refusal = _free_home(settings.home, f"memory {action}")
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
+        return 2
+    try:
+        store = KuzuExperienceStore(settings.memory_path)
+    except RuntimeError as exc:  # kuzu reports a held lock as a RuntimeError
+        print(f"error: the memory in {settings.home} is in use by another process ({str(exc)[:120]}); a client may "
+              "just have started its daemon: run the command again, or `kope daemon stop` first", file=sys.stderr)
+        return 2
     # No embedding model here: export/import carry the vectors, stats and show do not need them.
-    memory = ExperienceMemory(KuzuExperienceStore(settings.memory_path), BackgroundEmbedder(enabled=False))
+    memory = ExperienceMemory(store, BackgroundEmbedder(enabled=False))
     try:
         if action == "stats":
             print(json.dumps(memory_stats(memory).model_dump(), indent=1))

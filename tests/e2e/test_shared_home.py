@@ -185,3 +185,18 @@ def test_a_user_started_http_server_is_the_homes_owner_for_stdio_clients(home, t
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     assert daemon.running(home) is None
+
+
+def test_memory_commands_work_while_an_on_demand_daemon_owns_the_home(tmp_path, monkeypatch, capsys):
+    from kope_mcp import daemon
+    from kope_mcp.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("KOPE_HOME", str(home))
+    state = daemon.ensure(home)
+    assert daemon.running(home) is not None
+    assert main(["memory", "stats"]) == 0
+    captured = capsys.readouterr()
+    assert '"schema_version"' in captured.out
+    assert f"stopped the home's on-demand daemon (pid {state.pid})" in captured.err
+    assert daemon.running(home) is None
