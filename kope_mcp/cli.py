@@ -164,7 +164,7 @@ def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
 
     def ready() -> None:
         ownership.publish(daemon.DaemonState(pid=os.getpid(), url=url, token=options.token, started_at=time.time(),
-                                             on_demand=on_demand))
+                                             on_demand=on_demand, settings=settings.client_visible()))
         print(f"kope-mcp serving {settings.home} at {url}/mcp" + (" (bearer token required)" if options.token
                                                                    else ""), file=sys.stderr, flush=True)
 

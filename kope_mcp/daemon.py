@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from kope_mcp.errors import KopeError
 
@@ -48,6 +48,7 @@ class DaemonState(BaseModel):
     token: str | None
     started_at: float
     on_demand: bool
+    settings: dict[str, str] = Field(default_factory=dict, description="The owner's KOPE_* settings.")
 
 
 def _dir(home: Path, *, create: bool = True) -> Path:

@@ -64,6 +64,7 @@ class HomeProxy:
     def __init__(self, home: Path) -> None:
         self.home = home
         self._tools: types.ListToolsResult | None = None
+        self._settings_checked = False
 
     def _client(self, state: daemon.DaemonState, ctx: Any) -> Client:
         headers = {"Authorization": f"Bearer {state.token}"} if state.token else {}
@@ -111,8 +112,9 @@ class HomeProxy:
                     await ctx.session.send_progress_notification(token, progress, total, message)
 
         try:
-            return await self._with_owner(ctx, lambda c: c.call_tool(
+            result: types.CallToolResult = await self._with_owner(ctx, lambda c: c.call_tool(
                 params.name, params.arguments or {}, progress_callback=forward_progress))
+            return self._with_settings_warning(result)
         except daemon.DaemonError as exc:
             return _error(str(exc))
         except MCPError as exc:
@@ -121,6 +123,29 @@ class HomeProxy:
             return _error(f"daemon_unavailable: the kope daemon for {self.home} stopped during {params.name} "
                           f"({exc}); it may or may not have completed. Call again: a new daemon starts, with "
                           "every acknowledged result intact.")
+
+    def _with_settings_warning(self, result: types.CallToolResult) -> types.CallToolResult:
+        """The first answer says when this client's KOPE_* settings are not the ones its home's daemon uses."""
+        if self._settings_checked:
+            return result
+        self._settings_checked = True
+        state = daemon.read_state(self.home)
+        if state is None or not state.settings:
+            return result
+        mine = KopeSettings.from_env().client_visible()
+        differ = [f"{k}={mine[k]} (the daemon uses {state.settings[k]})" for k in sorted(mine)
+                  if k in state.settings and mine[k] != state.settings[k]]
+        if not differ:
+            return result
+        warning = (f"this client's settings {', '.join(differ)} are not in effect: the daemon that serves "
+                   f"{self.home} (pid {state.pid}) uses its own. Run `kope serve --no-daemon` for private settings, "
+                   "or `kope daemon stop` so the next call starts a daemon with this client's")
+        log.warning("%s", warning)
+        if isinstance(result.structured_content, dict) and isinstance(result.structured_content.get("warnings"),
+                                                                      list):
+            result.structured_content["warnings"].append(warning)
+        result.content.append(types.TextContent(type="text", text=f"warning: {warning}"))
+        return result
 
     async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
         return await self._with_owner(ctx, lambda c: c.list_prompts())

@@ -34,6 +34,17 @@ class KopeSettings(BaseModel):
         values.update(overrides)
         return cls.model_validate(values)
 
+    def client_visible(self) -> dict[str, str]:
+        """The settings a client sets through its environment, as ``KOPE_*`` values: compared between a stdio
+        client and the daemon that serves its home (the daemon's win)."""
+        return {
+            "KOPE_CC": self.compiler,
+            "KOPE_EMBEDDINGS": "on" if self.embeddings else "off",
+            "KOPE_MAX_SOURCE_BYTES": str(self.max_source_bytes),
+            "KOPE_PROFILE_S": f"{self.profile_time_cap_s:g}",
+            "KOPE_UNSAFE_NO_SANDBOX": "1" if os.environ.get("KOPE_UNSAFE_NO_SANDBOX") == "1" else "0",
+        }
+
     @field_validator("home")
     @classmethod
     def _absolute_home(cls, home: Path) -> Path:

@@ -200,3 +200,34 @@ def test_memory_commands_work_while_an_on_demand_daemon_owns_the_home(tmp_path, 
     assert '"schema_version"' in captured.out
     assert f"stopped the home's on-demand daemon (pid {state.pid})" in captured.err
     assert daemon.running(home) is None
+
+
+def test_a_client_whose_settings_differ_from_the_daemons_is_told_in_its_first_answer(tmp_path, monkeypatch):
+    import sys
+
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    from kope_mcp import daemon
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("KOPE_HOME", str(home))
+    monkeypatch.delenv("KOPE_MAX_SOURCE_BYTES", raising=False)
+    daemon.ensure(home)  # started with the default settings
+    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_MAX_SOURCE_BYTES": "1000"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "ERROR"],
+                                   env=env)
+
+    async def body():
+        with anyio.fail_after(60):
+            async with Client(params) as client:
+                first = await client.call_tool("list_tasks", {"family": "matmul"})
+                texts = [c.text for c in first.content if c.type == "text"]
+                assert any("KOPE_MAX_SOURCE_BYTES=1000 (the daemon uses 262144)" in t and "--no-daemon" in t
+                           for t in texts), texts
+                second = await client.call_tool("list_tasks", {"family": "matmul"})
+                assert not any("KOPE_MAX_SOURCE_BYTES" in c.text for c in second.content if c.type == "text")
+    try:
+        anyio.run(body)
+    finally:
+        daemon.stop(home)
