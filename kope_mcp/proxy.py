@@ -10,8 +10,12 @@ mid-way is reported as an error, never retried (it may have run).
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import logging
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +100,10 @@ class HomeProxy:
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         if self._tools is None:
+            self._tools = _cached_tools(self.home)
+        if self._tools is None:
             self._tools = await self._with_owner(ctx, lambda c: c.list_tools())
+            _cache_tools(self.home, self._tools)
         return self._tools
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
@@ -173,6 +180,37 @@ def _caller(ctx: Any) -> types.Implementation | None:
     return types.Implementation(name=info.name, version=info.version) if info else None
 
 
+@functools.cache
+def _tools_key() -> str:
+    """What the tool list depends on: this package's version and the source of its tool and model modules."""
+    root = Path(kope_mcp.__file__).parent
+    digest = hashlib.sha256(kope_mcp.__version__.encode())
+    for path in sorted([*root.glob("tools/*.py"), root / "models.py", root / "instructions.py"]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _tools_cache(home: Path) -> Path:
+    return home / daemon.DAEMON_DIR / f"tools-{_tools_key()}.json"
+
+
+def _cached_tools(home: Path) -> types.ListToolsResult | None:
+    """The tool list as the daemon of this same code gave it before: a cold client lists tools without waiting
+    for a daemon to start."""
+    try:
+        return types.ListToolsResult.model_validate_json(_tools_cache(home).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _cache_tools(home: Path, tools: types.ListToolsResult) -> None:
+    path = _tools_cache(home)
+    with contextlib.suppress(OSError):
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(tools.model_dump_json(by_alias=True, exclude_none=True))
+        os.replace(tmp, path)
+
+
 def _oversized(arguments: dict[str, Any]) -> str | None:
     """The refusal for a call the daemon's HTTP body limit would cut off with a bare 413, worded as the daemon
     words an over-cap argument; None when the call fits."""
@@ -193,8 +231,14 @@ def _error(message: str) -> types.CallToolResult:
 
 
 def run_stdio_proxy(home: Path) -> None:
-    """Serve stdio, forwarding to the home's owner (started now if none runs, so the first call is quick)."""
-    daemon.ensure(home)
+    """Serve stdio, forwarding to the home's owner. One is started now if none runs, in the background: the
+    handshake is answered here at once, and the first request waits for the owner only if it is not ready yet."""
+
+    def start_owner() -> None:
+        with contextlib.suppress(daemon.DaemonError):  # the first request reports it, with the log's tail
+            daemon.ensure(home)
+
+    threading.Thread(target=start_owner, name="kope-start-owner", daemon=True).start()
     proxy = HomeProxy(home)
     server: Server[Any] = Server(
         "kope-mcp", version=kope_mcp.__version__, instructions=INSTRUCTIONS,
