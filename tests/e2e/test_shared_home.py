@@ -42,8 +42,9 @@ def stdio(home: Path) -> StdioServerParameters:
 
 
 def http_client(home: Path, name: str) -> Client:
-    state = daemon.running(home)
-    assert state is not None and state.token
+    # The stdio clients' proxies start the home's daemon in the background: wait for it (or start it) here.
+    state = daemon.ensure(home)
+    assert state.token
     transport = streamable_http_client(state.url + "/mcp", http_client=create_mcp_http_client(
         headers={"Authorization": f"Bearer {state.token}"}))
     return Client(transport, client_info=Implementation(name=name, version="1"))
