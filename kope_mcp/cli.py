@@ -439,7 +439,33 @@ def _doctor() -> int:
 def _demo() -> int:
     import anyio
 
-    return anyio.run(_demo_session)
+    try:
+        return anyio.run(_demo_session)
+    except (SystemExit, Exception, BaseExceptionGroup) as exc:  # the demo's last word, not a 60-line traceback
+        print(_demo_failure(exc), file=sys.stderr)
+        _say_daemon_left(sys.stderr)
+        return 1
+
+
+def _demo_failure(exc: BaseException) -> str:
+    leaves = [exc]
+    while any(isinstance(e, BaseExceptionGroup) for e in leaves):
+        leaves = [leaf for e in leaves for leaf in (e.exceptions if isinstance(e, BaseExceptionGroup) else [e])]
+    exit_ = next((e for e in leaves if isinstance(e, SystemExit) and isinstance(e.code, str)), None)
+    if exit_ is not None:
+        return str(exit_.code)
+    first = leaves[0]
+    return f"demo failed: {type(first).__name__}: {str(first)[:300]} (`kope doctor` checks this machine)"
+
+
+def _say_daemon_left(stream: Any) -> None:
+    from kope_mcp import daemon
+    from kope_mcp.settings import KopeSettings
+
+    owner = daemon.running(KopeSettings.from_env().home)
+    if owner is not None and owner.on_demand:
+        print(f"The home's daemon (pid {owner.pid}) serves other clients too and exits after "
+              f"{os.environ.get('KOPE_DAEMON_IDLE_S', '600')} s idle; `kope daemon stop` stops it now.", file=stream)
 
 
 async def _demo_session() -> int:
@@ -525,11 +551,5 @@ async def _demo_session() -> int:
     print("\nWhat the memory now offers an agent starting on gemv (query_experience, 400-token budget):")
     print(textwrap.indent(advice["context"], "  "))
     print(f"\nDone in {time.monotonic() - started:.1f} s; data kept under {os.environ.get('KOPE_HOME', '~/.kope')}.")
-    from kope_mcp import daemon
-    from kope_mcp.settings import KopeSettings
-
-    owner = daemon.running(KopeSettings.from_env().home)
-    if owner is not None and owner.on_demand:
-        print(f"The home's daemon (pid {owner.pid}) serves other clients too and exits after "
-              f"{os.environ.get('KOPE_DAEMON_IDLE_S', '600')} s idle; `kope daemon stop` stops it now.")
+    _say_daemon_left(sys.stdout)
     return 0

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from kope_mcp.cli import main
 
 
@@ -122,3 +124,20 @@ def test_daemon_stop_and_status_on_an_unused_home_create_nothing(tmp_path, monke
     assert main(["daemon", "status"]) == 1
     assert "nothing serves" in capsys.readouterr().out
     assert list((tmp_path / "home").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_failed_demo_ends_in_one_line_and_names_the_daemon_it_leaves(tmp_path):
+    import os
+
+    from kope_mcp import daemon
+
+    env = {**os.environ, "KOPE_HOME": str(tmp_path / "home"), "KOPE_CC": "no-such-cc-kope"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "kope_mcp", "demo"], env=env, capture_output=True, text=True,
+                              timeout=180, check=False)
+    finally:
+        daemon.stop(tmp_path / "home")
+    assert done.returncode == 1
+    assert "demo: compile_kernel failed: target_unavailable:" in done.stderr
+    assert "Traceback" not in done.stderr and "kope daemon stop" in done.stderr
