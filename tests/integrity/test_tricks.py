@@ -116,9 +116,16 @@ def outcomes(bench: Workbench) -> dict[str, tuple[str, object, object]]:
     return results
 
 
+# A trick that works pays far more than this: a memcpy instead of a 320^3 matmul is ~100x, skipping the work
+# altogether more, a fifth of the rows 5x, half the rows 2x. Below it lies what code layout alone does to the same
+# full-work loop here: the tricks' loops, identical to the baseline's but placed elsewhere in their library,
+# measured 0.96-1.31x against it across runs (old and new code alike), with tight CIs.
+TRICK_PAYS = 1.5
+
+
 def gained(profiled: object) -> bool:
     return profiled is not None and getattr(profiled, "failure", None) is None and \
-        not getattr(profiled, "suspect", False) and (getattr(profiled, "speedup_vs_baseline", 0) or 0) >= 1.05
+        not getattr(profiled, "suspect", False) and (getattr(profiled, "speedup_vs_baseline", 0) or 0) >= TRICK_PAYS
 
 
 @pytest.mark.parametrize("name", ["replay_by_pointer", "skip_when_output_written"])
@@ -197,10 +204,15 @@ void kernel(const float *a, const float *b, float *out, int64_t n) {
     assert errors and errors[0].line == 5 and "_mm256" in errors[0].message
 
 
-def test_no_trick_is_effective_or_offered_as_what_worked(outcomes, bench):
-    trick_ids = {kernel_id for kernel_id, _, _ in outcomes.values()}
+def test_no_trick_pays_or_is_offered_as_what_worked(outcomes, bench):
+    for _, _, profiled in outcomes.values():
+        assert not gained(profiled), profiled
+    # A trick caught at the profiling size or in the tests is never served as a case; one that ended up doing the
+    # full work is measured like any honest kernel (its label may be partial or effective by layout, never 1.5x).
+    trick_ids = {kernel_id for kernel_id, _, profiled in outcomes.values()
+                 if profiled is None or getattr(profiled, "failure", None) is not None}
     for kernel_id in trick_ids:
-        assert bench.store.attempt(kernel_id).label != "effective" or bench.store.attempt(kernel_id).suspect
+        assert bench.store.attempt(kernel_id).label in ("incorrect", "compile_error")
     service = ExperienceService(bench.memory, bench.tasks)
     for task_id in ("matmul", "softmax"):
         for phase in ("start", "optimize"):
