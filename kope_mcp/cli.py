@@ -79,7 +79,6 @@ def _port(text: str) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
     from kope_mcp import daemon
@@ -138,7 +137,6 @@ def _held_by(home: Any) -> str:
 
 def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
     """Become the home's owner and serve HTTP; publish where once it is ready, withdraw on exit."""
-    import os
 
     from kope_mcp import daemon
     from kope_mcp.errors import KopeError
@@ -193,7 +191,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _daemon(action: str) -> int:
-    import os
     import secrets
 
     from kope_mcp import daemon
@@ -437,119 +434,6 @@ def _doctor() -> int:
 
 
 def _demo() -> int:
-    import anyio
+    from kope_mcp.demo import run_demo
 
-    try:
-        return anyio.run(_demo_session)
-    except (SystemExit, Exception, BaseExceptionGroup) as exc:  # the demo's last word, not a 60-line traceback
-        print(_demo_failure(exc), file=sys.stderr)
-        _say_daemon_left(sys.stderr)
-        return 1
-
-
-def _demo_failure(exc: BaseException) -> str:
-    leaves = [exc]
-    while any(isinstance(e, BaseExceptionGroup) for e in leaves):
-        leaves = [leaf for e in leaves for leaf in (e.exceptions if isinstance(e, BaseExceptionGroup) else [e])]
-    exit_ = next((e for e in leaves if isinstance(e, SystemExit) and isinstance(e.code, str)), None)
-    if exit_ is not None:
-        return str(exit_.code)
-    first = leaves[0]
-    return f"demo failed: {type(first).__name__}: {str(first)[:300]} (`kope doctor` checks this machine)"
-
-
-def _say_daemon_left(stream: Any) -> None:
-    from kope_mcp import daemon
-    from kope_mcp.settings import KopeSettings
-
-    owner = daemon.running(KopeSettings.from_env().home)
-    if owner is not None and owner.on_demand:
-        print(f"The home's daemon (pid {owner.pid}) serves other clients too and exits after "
-              f"{os.environ.get('KOPE_DAEMON_IDLE_S', '600')} s idle; `kope daemon stop` stops it now.", file=stream)
-
-
-async def _demo_session() -> int:
-    from mcp import Client, StdioServerParameters
-
-    from kope_mcp.demo_sources import BROKEN_FAST_KERNEL, DEMO_TASK, FAST_FLAGS, FAST_KERNEL, FAST_STRATEGY
-
-    started = time.monotonic()
-    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "WARNING"],
-                                   env=dict(os.environ))
-
-    def step(text: str) -> None:
-        print(f"[{time.monotonic() - started:5.1f}s] {text}", flush=True)
-
-    async with Client(params) as client:
-        step(f"connected to {client.server_info.name if client.server_info else 'server'} over stdio")
-
-        async def call(tool: str, **arguments: Any) -> dict[str, Any]:
-            result = await client.call_tool(tool, arguments)
-            if result.is_error:
-                text = getattr(result.content[0], "text", "?") if result.content else "?"
-                raise SystemExit(f"demo: {tool} failed: {text}")
-            assert result.structured_content is not None
-            if result.structured_content.get("failure") and tool == "profile_kernel":
-                raise SystemExit(f"demo: profile_kernel: {result.structured_content['failure']}: "
-                                 f"{result.structured_content.get('message', '')}")
-            return result.structured_content
-
-        listing = await call("list_tasks")
-        step(f"list_tasks: {listing['count']} tasks")
-        task = await call("get_task", task_id=DEMO_TASK)
-        step(f"get_task {DEMO_TASK}: {task['prototype']}")
-
-        base = await call("compile_kernel", task_id=DEMO_TASK, source=task["baseline_source"],
-                          strategy="naive baseline (i-j-k)")
-        session = base["session_id"]
-        step(f"compile naive kernel -> {base['kernel_id']} ok={base['ok']} ({base['seconds']:.2f} s)")
-        tested = await call("run_tests", kernel_id=base["kernel_id"])
-        step(f"run_tests: passed={tested['passed']} ({tested['message']})")
-        base_prof = await call("profile_kernel", kernel_id=base["kernel_id"])
-        step(f"profile naive: median {base_prof['kernel']['median_s'] * 1e3:.2f} ms, "
-             f"{base_prof['speedup_vs_baseline']:.2f}x vs baseline")
-
-        broken = await call("compile_kernel", task_id=DEMO_TASK, source=BROKEN_FAST_KERNEL, session_id=session,
-                            parent_id=base["kernel_id"], strategy=FAST_STRATEGY, flags=FAST_FLAGS)
-        first_error = next((d for d in broken["diagnostics"] if d["severity"] == "error"), None)
-        where = f"line {first_error['line']}: {first_error['message']}" if first_error else "no diagnostic"
-        step(f"compile optimised kernel -> ok={broken['ok']}, {where}")
-        fixed = await call("compile_kernel", task_id=DEMO_TASK, source=FAST_KERNEL, session_id=session,
-                           parent_id=base["kernel_id"], strategy=FAST_STRATEGY, flags=FAST_FLAGS)
-        step(f"compile fixed kernel -> {fixed['kernel_id']} ok={fixed['ok']}")
-        fixed_test = await call("run_tests", kernel_id=fixed["kernel_id"])
-        step(f"run_tests: passed={fixed_test['passed']} ({fixed_test['message']})")
-        if not fixed_test["passed"]:
-            return 1
-        fast = await call("profile_kernel", kernel_id=fixed["kernel_id"])
-        step(f"profile optimised: median {fast['kernel']['median_s'] * 1e3:.2f} ms")
-        recorded = await call("record_experience", kernel_id=fixed["kernel_id"], strategy=FAST_STRATEGY,
-                              lesson="i-k-j order makes the inner loop contiguous, so -O3 vectorises it",
-                              rationale="the naive i-j-k loop reads B by columns")
-        step(f"record_experience -> {recorded['experience_id']} ({recorded['label']}, "
-             f"verified={recorded['verified']})")
-        advice = await call("query_experience", query="make the matrix-vector product faster", task_id="gemv",
-                            token_budget=400)
-        step(f"query_experience for gemv: {len(advice['items'])} items, {advice['tokens_used']} tokens "
-             f"of {advice['token_budget']}")
-
-    lo, hi = fast["speedup_vs_baseline_ci95"]
-
-    def timing(stats: dict[str, Any]) -> str:
-        return f"{stats['median_s'] * 1e3:8.3f} ms  (IQR {stats['iqr_s'] * 1e3:.3f} ms, n={stats['n']})"
-
-    print(f"\nSummary ({DEMO_TASK}, {fast['case']['sizes']}, on {fast['hardware']['key']})")
-    print(f"  naive kernel      {timing(base_prof['kernel'])}")
-    print(f"  optimised kernel  {timing(fast['kernel'])}, {fast['gflops']:.2f} GFLOP/s")
-    print(f"  numpy reference   {timing(fast['reference'])}")
-    print(f"  speedup vs naive baseline: {fast['speedup_vs_baseline']:.2f}x (95% CI {lo:.2f}-{hi:.2f}), "
-          "measured interleaved in one sandbox, each in its own process")
-    print(f"  speedup vs numpy reference: {fast['speedup_vs_reference']:.2f}x")
-    print(f"  strategy: {FAST_STRATEGY}")
-    for warning in fast["warnings"]:
-        print(f"  warning: {warning}")
-    print("\nWhat the memory now offers an agent starting on gemv (query_experience, 400-token budget):")
-    print(textwrap.indent(advice["context"], "  "))
-    print(f"\nDone in {time.monotonic() - started:.1f} s; data kept under {os.environ.get('KOPE_HOME', '~/.kope')}.")
-    _say_daemon_left(sys.stdout)
-    return 0
+    return run_demo()
