@@ -108,10 +108,6 @@ class Workbench:
         self._expected_cache: dict[tuple[str, str, int], Prepared] = {}
         self._cache_lock = threading.Lock()
 
-    @property
-    def backends(self) -> dict[str, Target]:
-        return self.targets
-
     def target(self, name: str, task: Task | None = None) -> Target:
         """The target named ``name``, usable here and for ``task``; raises a fixable error otherwise."""
         if name not in self.targets:
