@@ -36,7 +36,7 @@ from kope_mcp.errors import MAX_TEXT_CHARS, SourceTooLargeError, TooLongError
 from kope_mcp.http_server import MCP_PATH
 from kope_mcp.instructions import INSTRUCTIONS
 from kope_mcp.settings import KopeSettings
-from kope_mcp.stdio_input import CleanStdin
+from kope_mcp.stdio_input import stdio_wire
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ def run_stdio_proxy(home: Path) -> None:
     )
 
     async def main() -> None:
-        async with stdio_server(stdin=CleanStdin()) as (read, write):  # type: ignore[arg-type]
+        async with stdio_server(*stdio_wire()) as (read, write):  # type: ignore[arg-type]
             await server.run(read, write, server.create_initialization_options())
 
     anyio.run(main)

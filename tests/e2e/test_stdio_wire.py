@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.slow  # a subprocess server
 
 
-def test_a_lone_surrogate_in_an_argument_is_answered_and_the_server_keeps_serving(tmp_path):
+def test_a_lone_surrogate_and_malformed_lines_are_answered_and_the_server_keeps_serving(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "kope_mcp", "serve", "--no-daemon", "--log-level", "WARNING"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             env={**os.environ, "KOPE_HOME": str(tmp_path / "home"), "KOPE_EMBEDDINGS": "off"})
@@ -38,9 +38,15 @@ def test_a_lone_surrogate_in_an_argument_is_answered_and_the_server_keeps_servin
         refused = answer()
         assert refused["id"] == 2 and refused["result"]["isError"]
         assert refused["result"]["content"][0]["text"].startswith("unknown_task: no task '\ufffd'")
-        send(json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        send('{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {')  # cut off mid-way
+        broken = answer()
+        assert broken["id"] is None and broken["error"]["code"] == -32700
+        send('{"jsonrpc": "2.0", "id": 4, "method": 17}')
+        invalid = answer()
+        assert invalid["id"] == 4 and invalid["error"]["code"] == -32600
+        send(json.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
                          "params": {"name": "get_task", "arguments": {"task_id": "relu"}}}))
-        assert answer()["id"] == 3
+        assert answer()["id"] == 5
     finally:
         proc.kill()
         proc.wait()
