@@ -78,7 +78,8 @@ class SourceTooLargeError(KopeError):
     code = "source_too_large"
 
     def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"the source is {size} bytes; the limit is {limit} bytes (256 KiB): send one kernel file")
+        super().__init__(f"the source is {size:,} bytes; the limit is {limit:,} bytes ({limit / 1024:g} KiB): send "
+                         "one kernel file")
 
 
 class RefusedFlagError(KopeError):
@@ -162,7 +163,8 @@ class TooLongError(KopeError):
                          "a strategy is a name ('unroll by 4'), a lesson or rationale a paragraph")
 
 
-MAX_STRATEGY_CHARS = 200
+MAX_STRATEGY_CHARS = 200  # also opt_layer and hardware: names, not prose
+MAX_AGENT_CHARS = 80
 MAX_TEXT_CHARS = 4000
 
 

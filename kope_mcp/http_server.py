@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, TransportSecuritySettings
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kope_mcp.errors import KopeError
@@ -108,6 +108,50 @@ class BearerTokenAndActivity:
             self.activity.last = time.monotonic()
 
 
+class RequestBodyLimit:
+    """ASGI middleware: a request body over the transport's limit is answered with a JSON-RPC error an MCP client
+    shows (`source_too_large: ...` with the limits), not the SDK's bare-text 413 that clients report as "Server
+    returned an error response". Counts streamed bodies too; nothing over the limit is buffered."""
+
+    def __init__(self, app: ASGIApp, limit: int, max_source_bytes: int) -> None:
+        self.app, self.limit, self.max_source_bytes = app, limit, max_source_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send, int(declared))
+            return
+        body, messages = 0, []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            body += len(message.get("body", b""))
+            if body > self.limit:
+                await self._refuse(send, body, at_least=True)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Any:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send, size: int, at_least: bool = False) -> None:
+        text = (f"source_too_large: the request body is {'over ' if at_least else ''}{size:,} bytes; this server "
+                f"takes at most {self.limit:,} bytes per request, and a kernel source of at most "
+                f"{self.max_source_bytes:,} bytes (KOPE_MAX_SOURCE_BYTES): send one kernel file")
+        body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": text}}).encode()
+        await send({"type": "http.response.start", "status": 413, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket (port 0: any free port), bound before the server starts so the port can be published."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -133,10 +177,10 @@ def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket
     options.validate()
     server = build_server(settings)
     activity = Activity()
-    app: Any = BearerTokenAndActivity(
+    app: Any = BearerTokenAndActivity(RequestBodyLimit(
         server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=options.security(),
-                                   host=options.host),
-        options.token, activity)
+                                   host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE),
+        DEFAULT_MAX_REQUEST_BODY_SIZE, settings.max_source_bytes), options.token, activity)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     web = uvicorn.Server(config)
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kope_mcp.errors import MAX_STRATEGY_CHARS, MAX_TEXT_CHARS, KopeError, check_length
+from kope_mcp.errors import MAX_STRATEGY_CHARS, MAX_TEXT_CHARS, KopeError, UnknownBackendError, check_length
 from kope_mcp.hardware import detect_hardware
 from kope_mcp.memory.outcome import LABEL_PRIOR, UNVERIFIED_CONFIDENCE
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord
@@ -88,6 +89,8 @@ class ExperienceService:
         check_length("strategy", strategy.strip(), MAX_STRATEGY_CHARS)
         check_length("lesson", lesson.strip(), MAX_TEXT_CHARS)
         check_length("rationale", rationale, MAX_TEXT_CHARS)
+        check_length("opt_layer", opt_layer, MAX_STRATEGY_CHARS)
+        check_length("hardware", hardware, MAX_STRATEGY_CHARS)
         with self.memory.write_lock:
             return self._record(strategy, lesson, kernel_id, session_id, task_id, opt_layer, rationale, hardware,
                                 agent)
@@ -262,7 +265,13 @@ class ExperienceService:
                         "incorrect" if latest.tested and not latest.correct else "optimize")
         signature = latest.error_signature if latest is not None and inferred != "optimize" else None
         target = backend or (latest.target if latest is not None else None)
-        hardware = hardware or (self.target_hardware(target) if target else None) or detect_hardware().key
+        target_key = None
+        if backend is not None:
+            target_key = self.target_hardware(backend)  # refuses an unknown name, even when `hardware` is given
+        elif target:
+            with contextlib.suppress(UnknownBackendError):  # recorded on a backend this server does not have
+                target_key = self.target_hardware(target)
+        hardware = hardware or target_key or detect_hardware().key
         return QueryState(phase=phase or inferred, task_id=task_id, family=family, hardware_key=hardware,
                           target=target, signature=signature, latest=latest, incumbent=incumbent)
 

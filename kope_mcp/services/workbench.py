@@ -124,9 +124,11 @@ class Workbench:
                                        f"{', '.join(on)} (list_tasks shows each task's backends)")
         return target
 
-    def target_hardware_key(self, name: str) -> str | None:
-        target = self.targets.get(name)
-        return target.hardware().key if target is not None else None
+    def target_hardware_key(self, name: str) -> str:
+        """The hardware key results on backend ``name`` are recorded under; raises ``unknown_backend``."""
+        if name not in self.targets:
+            raise UnknownBackendError(name, self.targets)
+        return self.targets[name].hardware().key
 
     def backends_for(self, task: Task) -> list[str]:
         return [name for name, t in self.targets.items() if t.supports(task)]

@@ -13,7 +13,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-from kope_mcp.errors import KopeError
+from kope_mcp.errors import MAX_AGENT_CHARS, KopeError, check_length
 from kope_mcp.memory.records import AgentInfo
 from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
@@ -49,7 +49,11 @@ def agent_info(ctx: Context[Any, Any], label: str | None = None) -> AgentInfo:
     label the caller chose (which model or role: clients with one name can run several)."""
     params = getattr(ctx.session, "client_params", None)
     info = getattr(params, "client_info", None)
-    label = label.strip()[:80] if label and label.strip() else None
+    label = label.strip() if label and label.strip() else None
+    try:
+        check_length("agent", label, MAX_AGENT_CHARS)
+    except KopeError as exc:  # evaluated as a handler's argument, outside call_service
+        raise ToolError(str(exc)) from exc
     if info is None:
         return AgentInfo(label=label)
     return AgentInfo(name=info.name or "unknown", version=info.version or "", label=label)

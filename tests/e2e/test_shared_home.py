@@ -9,20 +9,18 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 import anyio
 import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import Implementation
 
 from kope_mcp import daemon
 from kope_mcp.http_server import HttpConfigError, HttpOptions
 from kope_mcp.memory.store import KuzuExperienceStore
 from tests.conftest import VECTOR_ADD_OK
+from tests.transports import http_client, stdio
 
 pytestmark = pytest.mark.slow  # a subprocess or a multi-second workflow: not the everyday loop
 
@@ -33,21 +31,6 @@ def home(tmp_path):
     yield path
     with contextlib.suppress(daemon.DaemonError):
         daemon.stop(path)
-
-
-def stdio(home: Path) -> StdioServerParameters:
-    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off", "KOPE_PROFILE_S": "0.3"}
-    return StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "WARNING"],
-                                 env=env)
-
-
-def http_client(home: Path, name: str) -> Client:
-    # The stdio clients' proxies start the home's daemon in the background: wait for it (or start it) here.
-    state = daemon.ensure(home)
-    assert state.token
-    transport = streamable_http_client(state.url + "/mcp", http_client=create_mcp_http_client(
-        headers={"Authorization": f"Bearer {state.token}"}))
-    return Client(transport, client_info=Implementation(name=name, version="1"))
 
 
 async def call(client: Client, tool: str, **args):
@@ -204,13 +187,6 @@ def test_memory_commands_work_while_an_on_demand_daemon_owns_the_home(tmp_path, 
 
 
 def test_a_client_whose_settings_differ_from_the_daemons_is_told_in_its_first_answer(tmp_path, monkeypatch):
-    import sys
-
-    import anyio
-    from mcp import Client, StdioServerParameters
-
-    from kope_mcp import daemon
-
     home = tmp_path / "home"
     monkeypatch.setenv("KOPE_HOME", str(home))
     monkeypatch.delenv("KOPE_MAX_SOURCE_BYTES", raising=False)
