@@ -234,7 +234,7 @@ def _tasks(action: str | None, task_id: str | None, family: str | None, replace:
             return 2
         print(f"{'replaced' if added.replaced else 'added'} task {added.task_id}: {added.prototype}\n"
               f"its baseline passed its {added.baseline_cases_passed} cases; installed at {added.installed_at}")
-        _reload_servers(settings.home)
+        print(SERVED_NEXT_CALL)
         return 0
     registry = TaskRegistry.default(settings.home)
     for problem in registry.problems:
@@ -276,8 +276,12 @@ def _import_kernelbench(paths: list[str], replace: bool) -> int:
         print(f"skipped {skipped.source}: {skipped.reason}", file=sys.stderr)
     print(f"{len(report.imported)} imported, {len(report.skipped)} skipped")
     if report.imported:
-        _reload_servers(KopeSettings.from_env().home)
+        print(SERVED_NEXT_CALL)
     return 0 if report.imported or not report.skipped else 1
+
+
+SERVED_NEXT_CALL = ("running servers of this home (the daemon included) serve it from their next call, within a "
+                    "second; no restart needed")
 
 
 def _print_task(task: Any) -> None:
@@ -312,21 +316,6 @@ def _free_home(home: Any, purpose: str) -> str | None:
     print(f"stopped the home's on-demand daemon (pid {state.pid}) for `kope {purpose}`; clients start a new one "
           "on their next call", file=sys.stderr)
     return None
-
-
-def _reload_servers(home: Any) -> None:
-    """New tasks reach clients: an on-demand daemon is stopped (the next call starts one that loads them)."""
-    from kope_mcp import daemon
-
-    state = daemon.running(home)
-    if state is None:
-        return
-    if state.on_demand:
-        daemon.stop(home)
-        print(f"stopped the home's on-demand daemon (pid {state.pid}): clients' next call starts one that serves "
-              "the new task(s)")
-    else:
-        print(f"restart the server of this home (pid {state.pid}) for its clients to see the new task(s)")
 
 
 def _memory(action: str, target: str | None) -> int:

@@ -140,7 +140,7 @@ class HomeProxy:
         if state is None or not state.settings:
             return result
         mine = KopeSettings.from_env().client_visible()
-        differ = [f"{k}={mine[k]} (the daemon uses {state.settings[k]})" for k in sorted(mine)
+        differ = [f"{k}={mine[k] or '(unset)'} (the daemon uses {state.settings[k] or '(unset)'})" for k in sorted(mine)
                   if k in state.settings and mine[k] != state.settings[k]]
         if not differ:
             return result

@@ -42,6 +42,7 @@ class KopeSettings(BaseModel):
             "KOPE_EMBEDDINGS": "on" if self.embeddings else "off",
             "KOPE_MAX_SOURCE_BYTES": str(self.max_source_bytes),
             "KOPE_PROFILE_S": f"{self.profile_time_cap_s:g}",
+            "KOPE_TASKS_PATH": os.environ.get("KOPE_TASKS_PATH", ""),
             "KOPE_UNSAFE_NO_SANDBOX": "1" if os.environ.get("KOPE_UNSAFE_NO_SANDBOX") == "1" else "0",
         }
 

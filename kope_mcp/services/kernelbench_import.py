@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from kope_mcp.errors import InvalidTaskError
-from kope_mcp.services.task_admin import check_task, install_target
+from kope_mcp.services.task_admin import check_task, install_folder, install_target
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tasks.kernelbench import PROBLEM_FILE, KernelBenchProblem, ProblemError, ProblemTrace
 from kope_mcp.tasks.loader import load_task
@@ -201,11 +201,7 @@ def _import_one(settings: KopeSettings, path: Path, replace: bool) -> ImportedPr
         _write_task(folder, task_id, plan, sizes_of_slot, size_args, tolerance)
         task = load_task(folder)
         check_task(settings, task)
-        replaced = target.exists()
-        if replaced:
-            shutil.rmtree(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(folder, target, ignore=shutil.ignore_patterns("__pycache__"))
+        replaced = install_folder(folder, target)
     return ImportedProblem(
         source=str(path), task_id=task_id, prototype=task.spec.prototype, scale=f"1/{2 ** plan.shift}",
         profile_sizes=task.spec.profile.sizes, cases=len(task.spec.cases), tolerance=tolerance,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,13 +33,27 @@ def add_task(settings: KopeSettings, folder: Path, replace: bool = False) -> Add
     task = load_task(folder.resolve())
     target = install_target(settings, task.id, folder / "task.toml", replace)
     passed = check_task(settings, task)
-    replaced = target.exists()
-    if replaced:
-        shutil.rmtree(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(folder, target, ignore=shutil.ignore_patterns("__pycache__"))
+    replaced = install_folder(folder, target)
     return AddedTask(task_id=task.id, prototype=task.spec.prototype, installed_at=str(target), replaced=replaced,
                      baseline_cases_passed=passed)
+
+
+def install_folder(folder: Path, target: Path) -> bool:
+    """Copy a checked task folder to ``target`` so that a running server, which re-reads KOPE_HOME/tasks when it
+    changes, sees the old task or the new one, never half a copy: the copy is made under a hidden name beside
+    it (the registry skips hidden folders) and renamed into place. True when an installed task was replaced."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = target.with_name(f".{target.name}.new-{os.getpid()}")
+    retired = target.with_name(f".{target.name}.old-{os.getpid()}")
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(folder, staged, ignore=shutil.ignore_patterns("__pycache__"))
+    replaced = target.exists()
+    if replaced:
+        os.replace(target, retired)
+    os.replace(staged, target)
+    if replaced:
+        shutil.rmtree(retired, ignore_errors=True)
+    return replaced
 
 
 def install_target(settings: KopeSettings, task_id: str, where: Path, replace: bool) -> Path:

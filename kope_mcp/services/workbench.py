@@ -86,6 +86,10 @@ def _noop(done: float, total: float, message: str) -> None:
     return None
 
 
+# How stale a running server's task catalogue may be: added, edited or removed task folders are seen within this.
+TASKS_WATCH_S = 1.0
+
+
 class Workbench:
     """A device-agnostic compile -> test -> profile orchestrator: the target (backend + device) builds, runs and
     times; the workbench records, judges against the reference and computes the statistics, the same for all."""
@@ -98,7 +102,7 @@ class Workbench:
             log.warning("%s", warning)
         if removed := remove_stale_scratch(settings.scratch_dir):
             log.info("removed %d scratch folder(s) left by servers that are gone", removed)
-        self.tasks = tasks or TaskRegistry.default(settings.home)
+        self.tasks = tasks or TaskRegistry.default(settings.home, watch=TASKS_WATCH_S)
         self.memory = memory or ExperienceMemory(KuzuExperienceStore(settings.memory_path),
                                                  BackgroundEmbedder(settings.embeddings))
         self.store = self.memory.store

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import anyio
 import httpx2
@@ -208,3 +209,26 @@ def test_a_client_whose_settings_differ_from_the_daemons_is_told_in_its_first_an
         anyio.run(body)
     finally:
         daemon.stop(home)
+
+
+def test_a_task_added_while_the_daemon_serves_is_served_by_that_daemon_without_a_restart(home, monkeypatch, capsys):
+    from kope_mcp.cli import main
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "axpby"
+    monkeypatch.setenv("KOPE_HOME", str(home))
+
+    async def body():
+        with anyio.fail_after(120):
+            async with Client(stdio(home)) as client:
+                assert (await client.call_tool("get_task", {"task_id": "axpby"})).is_error
+                owner = daemon.running(home)
+                assert owner is not None
+                assert await anyio.to_thread.run_sync(main, ["tasks", "add", str(example)]) == 0
+                with anyio.fail_after(10):  # the daemon looks at the task folders at most once a second
+                    while (found := await client.call_tool("get_task", {"task_id": "axpby"})).is_error:
+                        await anyio.sleep(0.1)
+                assert found.structured_content["id"] == "axpby"
+                assert daemon.running(home).pid == owner.pid
+
+    anyio.run(body)
+    assert "serve it from their next call" in capsys.readouterr().out
