@@ -128,7 +128,8 @@ class GuardedBuffers:
 
 
 class InputSet:
-    def __init__(self, spec: dict[str, Any], args: list[dict[str, Any]], folder: Path) -> None:
+    def __init__(self, spec: dict[str, Any], args: list[dict[str, Any]], folder: Path, *,
+                 kernels_see_these: bool = True) -> None:
         self.name: str = spec["name"]
         self.sizes: dict[str, int] = spec["sizes"]
         self.args = args
@@ -136,9 +137,14 @@ class InputSet:
         self.inputs = {}
         for name, meta in spec["inputs"].items():
             arr = self.guards.empty(name, meta["shape"], meta["dtype"])
-            arr.reshape(-1)[:] = np.fromfile(folder / meta["file"], dtype=meta["dtype"])
+            with open(folder / meta["file"], "rb") as fh:  # straight into the guarded buffer: no temporary
+                if fh.readinto(memoryview(arr.reshape(-1)).cast("B")) != arr.nbytes:
+                    raise ValueError(f"{meta['file']}: shorter than its {arr.nbytes} bytes")
             self.inputs[name] = arr
-        self.pristine = {name: arr.copy() for name, arr in self.inputs.items()}
+        # A kernel may write into its inputs: keep a copy to tell. Where kernels only see copies of these (the
+        # profiler's regions), they stay pristine themselves and a second copy of every input would be waste.
+        self.pristine = ({name: arr.copy() for name, arr in self.inputs.items()} if kernels_see_these
+                         else self.inputs)
         self.output_meta: dict[str, dict[str, Any]] = spec["outputs"]
         self.scalars: dict[str, float] = spec.get("scalars", {})
 

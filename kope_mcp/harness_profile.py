@@ -252,9 +252,7 @@ class CandidateBuffers:
 
 def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel,
                 timing: Channel) -> dict[str, Any]:
-    sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
-    for s in sets:
-        s.pristine = s.inputs  # kernels only ever see their region's copies: these stay pristine
+    sets = [InputSet(c, job["args"], folder, kernels_see_these=False) for c in job["cases"]]
     names = [*job["libraries"], *(["reference"] if job.get("task_folder") else [])]
     buffers = max(1, min(10_000, OUTPUT_BUDGET_BYTES // max(1, sets[0].output_bytes())))
     cpu = job.get("pin_cpu")

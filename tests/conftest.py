@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,19 @@ def registry() -> TaskRegistry:
 @pytest.fixture(scope="module")
 def workbench(tmp_path_factory: pytest.TempPathFactory, registry: TaskRegistry) -> Iterator[Workbench]:
     yield Workbench(make_settings(tmp_path_factory.mktemp("kope-home")), registry)
+
+
+def everyday_sample(params: Iterable[Any], group: Callable[[Any], Hashable]) -> list[Any]:
+    """A sweep's parameters with the first of each group (e.g. one task per family) in the everyday tier
+    (`-m "not slow"`) and the rest marked slow: every kind is still covered every day, all of it in the full run."""
+    seen: set[Hashable] = set()
+    out = []
+    for param in params:
+        key = group(param)
+        out.append(pytest.param(*(param if isinstance(param, tuple) else (param,)),
+                                marks=() if key not in seen else pytest.mark.slow))
+        seen.add(key)
+    return out
 
 
 VECTOR_ADD_OK = """

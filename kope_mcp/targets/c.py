@@ -12,7 +12,6 @@ import functools
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from kope_mcp.hardware import HardwareProfile, detect_hardware, probe_compiler
@@ -23,6 +22,7 @@ from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetSta
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log
 from kope_mcp.targets.cost import CallgrindCounts, count_kernel, valgrind_available
 from kope_mcp.targets.diagnostics import Diagnostic, parse_diagnostics
+from kope_mcp.targets.elf import exported_functions
 from kope_mcp.targets.flags import validate_flags
 from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase
 from kope_mcp.targets.toolchain import build_library
@@ -146,7 +146,7 @@ class CpuCTarget(Target):
         diagnostics = parse_diagnostics(log, SOURCE_NAME)
         if run.refused:
             diagnostics.append(Diagnostic(0, 0, "error", run.refused))
-        if library is not None and not self._defines_kernel(library):
+        if library is not None and "kernel" not in exported_functions(library):
             library = None
             diagnostics.append(Diagnostic(0, 0, "error", "the source does not define a function named "
                                           f"`kernel` (expected: {task.spec.prototype})"))
@@ -158,13 +158,6 @@ class CpuCTarget(Target):
                             traits={"uses_openmp": "-fopenmp" in flags})
         self.cache.commit(build, library, source)
         return build
-
-    def _defines_kernel(self, library: bytes) -> bool:
-        self.builds_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with tempfile.NamedTemporaryFile(dir=self.builds_dir, prefix=".nm-", suffix=".so") as fh:
-            fh.write(library)
-            fh.flush()
-            return _defines_kernel(Path(fh.name))
 
     # --- run -----------------------------------------------------------------------------------------------
     def run_cases(self, task: Task, build_hash: str, cases: list[PreparedCase], *, wall_s: float) -> HarnessOutcome:
@@ -222,15 +215,6 @@ def toolchain_binds(compiler: str) -> tuple[Path, ...]:
     if str(real).startswith("/usr/"):
         return ()
     return (real.parent.parent,)
-
-
-def _defines_kernel(library: Path) -> bool:
-    try:
-        out = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True,
-                             timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return True  # without nm we cannot tell; the harness reports a missing symbol at run time
-    return any(line.split()[-1:] == ["kernel"] and " T " in f" {line} " for line in out.stdout.splitlines())
 
 
 def _allowed_cpus() -> set[int]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import anyio
 import pytest
 from mcp import Client
 
@@ -16,19 +15,26 @@ from tests.wrong_calls import WRONG_CALLS, bad_answer, call_ids
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    return build_server(make_settings(tmp_path_factory.mktemp("refusals-home")))
+def anyio_backend():
+    return "asyncio"  # module scope: one event loop, so one connected client serves the whole table
 
 
+@pytest.fixture(scope="module")
+async def client(tmp_path_factory):
+    async with Client(build_server(make_settings(tmp_path_factory.mktemp("refusals-home")))) as connected:
+        yield connected
+
+
+async def counts(client: Client) -> dict:
+    return json.loads((await client.read_resource("kope://memory/stats")).contents[0].text)["counts"]
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("tool, arguments, code, detail", WRONG_CALLS, ids=call_ids())
-def test_a_wrong_call_gets_its_code_first_and_stores_nothing(server, tool, arguments, code, detail):
-    async def body():
-        async with Client(server) as client:
-            before = json.loads((await client.read_resource("kope://memory/stats")).contents[0].text)["counts"]
-            result = await client.call_tool(tool, arguments)
-            assert result.is_error
-            text = result.content[0].text
-            assert bad_answer(text, code, detail) is None, text
-            after = json.loads((await client.read_resource("kope://memory/stats")).contents[0].text)["counts"]
-            assert after == before
-    anyio.run(body)
+async def test_a_wrong_call_gets_its_code_first_and_stores_nothing(client, tool, arguments, code, detail):
+    before = await counts(client)
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error
+    text = result.content[0].text
+    assert bad_answer(text, code, detail) is None, text
+    assert await counts(client) == before

@@ -178,7 +178,7 @@ def test_a_session_belongs_to_one_task(workbench):
 
 
 def test_oversize_source_is_refused_with_the_limit(workbench):
-    with pytest.raises(SourceTooLargeError, match="262144"):
+    with pytest.raises(SourceTooLargeError, match="262,144"):
         workbench.compile_kernel("vector_add", VECTOR_ADD_OK + "//" + "x" * (256 * 1024))
 
 
