@@ -138,7 +138,7 @@ class InputSet:
         for name, meta in spec["inputs"].items():
             arr = self.guards.empty(name, meta["shape"], meta["dtype"])
             with open(folder / meta["file"], "rb") as fh:  # straight into the guarded buffer: no temporary
-                if fh.readinto(memoryview(arr.reshape(-1)).cast("B")) != arr.nbytes:
+                if fh.readinto(arr.reshape(-1).view(np.uint8).data) != arr.nbytes:
                     raise ValueError(f"{meta['file']}: shorter than its {arr.nbytes} bytes")
             self.inputs[name] = arr
         # A kernel may write into its inputs: keep a copy to tell. Where kernels only see copies of these (the
