@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import secrets
+import select
 import shutil
 import signal
 import stat
@@ -497,12 +499,10 @@ def run_sandboxed(
             cmd, cwd=scratch.run, env=env, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=err_fd,
             start_new_session=True, pass_fds=tuple(pass_fds), umask=0o022,
         )
-        timed_out = False
+        timed_out = not _wait_exit(proc, limits.wall_seconds)
         try:
-            proc.wait(timeout=limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
+            if timed_out:
+                _kill_group(proc)
             proc.wait()
         finally:
             # Whatever happened, nothing the command started may outlive the call.
@@ -519,6 +519,31 @@ def run_sandboxed(
     finally:
         os.close(out_fd)
         os.close(err_fd)
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait for the child to exit, at most ``timeout`` seconds; False on timeout. Woken by the exit itself (a
+    pidfd), not by Popen.wait's sleep-and-poll loop, whose growing sleeps overshoot a 50 ms compile by ~15 ms."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # before Linux 5.3, or not Linux
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return proc.poll() is not None
+            if poller.poll(max(1, math.ceil(left * 1000))):
+                return True
+    finally:
+        os.close(pidfd)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

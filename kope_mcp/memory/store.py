@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,6 +88,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
 ]
 
 
+_PREPARED_CACHE = 256
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
@@ -98,6 +102,8 @@ class KuzuExperienceStore:
         self._db = kuzu.Database(str(path))
         self._conn = kuzu.Connection(self._db)
         self._lock = threading.RLock()
+        # Planning a parameterised query costs about as much as running it: each distinct text is planned once.
+        self._prepared: OrderedDict[str, kuzu.PreparedStatement] = OrderedDict()
         self._migrate()
 
     # --- plumbing ------------------------------------------------------------------------------------------
@@ -112,7 +118,23 @@ class KuzuExperienceStore:
             self._run(query, params)
 
     def _run(self, query: str, params: dict[str, Any] | None) -> kuzu.QueryResult:
-        result = self._conn.execute(query, params or {})
+        if not params:
+            result = self._conn.execute(query)
+        else:
+            prepared = self._prepared.pop(query, None)
+            try:
+                if prepared is None:
+                    prepared = kuzu.PreparedStatement(self._conn, query)
+                result = self._conn.execute(prepared, params)
+            except RuntimeError:
+                # Never trust a plan that failed (a schema change, a parameter of another type): plan afresh; a
+                # real error raises again from there. A failed statement changed nothing, so running it is safe.
+                prepared = None
+                result = self._conn.execute(query, params)
+            if prepared is not None:
+                self._prepared[query] = prepared
+                if len(self._prepared) > _PREPARED_CACHE:
+                    self._prepared.popitem(last=False)
         assert not isinstance(result, list)
         return result
 
