@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 Label = Literal["effective", "partial", "ineffective", "negative", "incorrect", "compile_error", "unmeasured"]
@@ -66,3 +67,23 @@ MEASURED_WIN_CONFIDENCE = 0.5
 
 
 UNVERIFIED_CONFIDENCE = 0.3  # a lesson nobody measured ranks below measured evidence
+
+
+def gain_factor(speedup: float | None) -> float:
+    """How much a measured speedup is worth as evidence: 0.5 at 1x (or unmeasured), 1 at 2x, 1.5 at 4x, 2 from
+    8x on. Logarithmic, so a 6x win outranks a 1.02x tweak clearly but not a 5x win by much."""
+    if speedup is None or speedup <= 1.0:
+        return 0.5
+    return min(2.0, 0.5 + 0.5 * math.log2(speedup))
+
+
+def lesson_evidence(label: str, speedup: float | None, confidence: float) -> float:
+    """The strength of what a lesson reports, independent of the question: a measured win by its speedup, a
+    measured failure or a fix (what breaks or how it was mended saves an attempt), unmeasured advice least."""
+    if label == "effective":
+        return gain_factor(speedup) * max(confidence, UNVERIFIED_CONFIDENCE)
+    if label in ("compile_error", "incorrect", "negative"):
+        return 0.5 * max(confidence, UNVERIFIED_CONFIDENCE)
+    if label in ("partial", "ineffective"):
+        return 0.2 * max(confidence, UNVERIFIED_CONFIDENCE)
+    return 0.3 * max(confidence, UNVERIFIED_CONFIDENCE)

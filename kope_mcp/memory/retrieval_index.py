@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from kope_mcp.memory.outcome import lesson_evidence
 from kope_mcp.memory.records import AttemptRecord, LessonRecord
 
 SUMMARY_FIELDS: tuple[str, ...] = tuple(f for f in AttemptRecord.model_fields if f != "source")
@@ -70,7 +71,10 @@ class RetrievalIndex:
         self._by_session: dict[str, list[str]] = {}
         self._children: dict[str, list[str]] = {}
         self._lessons: dict[str, LessonRecord] = {}
-        self._lessons_by_scope: dict[str | None, set[str]] = {}
+        self._evidence: dict[str, float] = {}
+        self._lessons_by_task: dict[str, set[str]] = {}
+        self._lessons_by_family: dict[str, set[str]] = {}
+        self._general_lessons: set[str] = set()
 
     @property
     def loaded(self) -> bool:
@@ -143,8 +147,13 @@ class RetrievalIndex:
     def add_lesson(self, lesson: LessonRecord) -> None:
         with self._lock:
             self._lessons[lesson.lesson_id] = lesson
-            for scope in {lesson.task_id, lesson.family} if (lesson.task_id or lesson.family) else {None}:
-                self._lessons_by_scope.setdefault(scope, set()).add(lesson.lesson_id)
+            self._evidence[lesson.lesson_id] = lesson_evidence(lesson.label, lesson.speedup, lesson.confidence)
+            if lesson.task_id:
+                self._lessons_by_task.setdefault(lesson.task_id, set()).add(lesson.lesson_id)
+            if lesson.family:
+                self._lessons_by_family.setdefault(lesson.family, set()).add(lesson.lesson_id)
+            if not lesson.task_id and not lesson.family:
+                self._general_lessons.add(lesson.lesson_id)
 
     # --- the read path ---------------------------------------------------------------------------------
     def top_for_task(self, task_id: str, n: int) -> list[str]:
@@ -190,14 +199,34 @@ class RetrievalIndex:
             ids = self._by_session.get(session_id)
             return ids[-1] if ids else None
 
-    def lessons_in_scope(self, task_id: str | None, family: str | None, n: int) -> list[LessonRecord]:
+    def lessons_in_scope(self, task_id: str | None, family: str | None, hardware: str | None,
+                         n: int) -> list[LessonRecord]:
+        """Up to ``n`` lessons about this task, its family and none in particular (half, half and a quarter of
+        ``n``), each group by what they report for this hardware: the strongest measured evidence on the same
+        machine first, then the same architecture, then the rest; never by age (``hardware_rank``)."""
         with self._lock:
-            ids: set[str] = set(self._lessons_by_scope.get(None, set()))
-            for scope in (task_id, family):
-                if scope:
-                    ids |= self._lessons_by_scope.get(scope, set())
-            return heapq.nlargest(n, (self._lessons[i] for i in ids), key=lambda x: x.created_at)
+            picked: dict[str, LessonRecord] = {}
+            for ids, share in ((self._lessons_by_task.get(task_id or "", set()), n // 2),
+                               (self._lessons_by_family.get(family or "", set()), n // 2),
+                               (self._general_lessons, max(1, n // 4))):
+                def key(i: str) -> tuple[int, float, str]:
+                    return hardware_rank(self._lessons[i].hardware_key, hardware), self._evidence[i], i
+                for lesson_id in heapq.nlargest(share, ids, key=key):
+                    picked[lesson_id] = self._lessons[lesson_id]
+            return list(picked.values())
 
     def lessons(self, lesson_ids: Iterable[str]) -> list[LessonRecord]:
         with self._lock:
             return [self._lessons[i] for i in lesson_ids if i in self._lessons]
+
+
+def hardware_rank(key: str | None, wanted: str | None) -> int:
+    """3: the same machine (or knowledge for any); 2: the same architecture and kind; 1: the same kind of device
+    (a CPU for a CPU); 0: another kind (a GPU result for a CPU question). Keys look like
+    ``x86_64/AMD EPYC/2c/avx512f`` and ``cuda/NVIDIA H100/sm_90``."""
+    if key is None or wanted is None or key == wanted:
+        return 3
+    mine, theirs = key.split("/", 1)[0], wanted.split("/", 1)[0]
+    if mine == theirs:
+        return 2
+    return 1 if (mine == "cuda") == (theirs == "cuda") else 0

@@ -411,12 +411,18 @@ class KuzuExperienceStore:
     def full_text(self, query: str, limit: int) -> list[tuple[str, str, float]]:
         """BM25 over strategy names and lessons: (kind, id, score)."""
         hits: list[tuple[str, str, float]] = []
+        fetch = 2 * int(limit)
         for table, index, key, kind in (("Strategy", "strategy_fts", "strategy_id", "strategy"),
                                         ("Lesson", "lesson_fts", "lesson_id", "lesson")):
             rows = self._rows(
                 f"CALL QUERY_FTS_INDEX('{table}', '{index}', $q) RETURN node.{key} AS id, score "
-                f"ORDER BY score DESC LIMIT {int(limit)}", {"q": query})
-            hits += [(kind, r["id"], float(r["score"])) for r in rows]
+                f"ORDER BY score DESC LIMIT {fetch}", {"q": query})
+            found = sorted(((float(r["score"]), r["id"]) for r in rows), key=lambda h: (-h[0], h[1]))
+            if len(found) == fetch:
+                # The LIMIT may have cut the lowest score's group anywhere (in insertion order): drop that group
+                # so the same memory gives the same hits whatever order it was written in.
+                found = [h for h in found if h[0] > found[-1][0]]
+            hits += [(kind, item_id, score) for score, item_id in found[:limit]]
         return hits
 
     def set_embedding(self, item_id: str, kind: str, model: str, vector: list[float]) -> None:
@@ -466,12 +472,42 @@ class KuzuExperienceStore:
         self._copy_edges("FOR_TASK", "Session", "Task", [(r.session_id, r.task_id) for r in records])
         self._copy_edges("ON_HARDWARE", "Session", "Hardware", [(r.session_id, r.hardware_key) for r in records])
 
-    def bulk_lessons(self, records: list[tuple[LessonRecord, str]]) -> None:
+    def bulk_lessons(self, records: list[tuple[LessonRecord, str]], *, rebuild_text_index: bool = True) -> None:
+        """Insert many lessons with their edges to the attempts, strategies and tasks that exist. Call
+        :meth:`rebuild_text_index` afterwards when passing ``rebuild_text_index=False`` (several chunks)."""
         rows = [{**lesson.model_dump(), "search_text": text} for lesson, text in records]
         assignments = _unwind_assignments(rows[0], LESSON_COLUMNS)
-        self._exec(f"UNWIND $rows AS r CREATE (:Lesson {{{assignments}}})", {"rows": rows})
-        self._copy_edges("FROM_ATTEMPT", "Lesson", "Attempt", [(lesson.lesson_id, lesson.attempt_id)
-                                                               for lesson, _ in records if lesson.attempt_id])
+        with self._lock:
+            self._exec(f"UNWIND $rows AS r CREATE (:Lesson {{{assignments}}})", {"rows": rows})
+            lessons = [lesson for lesson, _ in records]
+            attempts = self.existing_ids("Attempt", "kernel_id", [x.attempt_id for x in lessons if x.attempt_id])
+            strategies = self.existing_ids("Strategy", "strategy_id",
+                                           [x.strategy_id for x in lessons if x.strategy_id])
+            tasks = self.existing_ids("Task", "id", [x.task_id for x in lessons if x.task_id])
+            self._copy_edges("FROM_ATTEMPT", "Lesson", "Attempt",
+                             [(x.lesson_id, x.attempt_id) for x in lessons if x.attempt_id in attempts])
+            self._copy_edges("ABOUT", "Lesson", "Strategy",
+                             [(x.lesson_id, x.strategy_id) for x in lessons if x.strategy_id in strategies])
+            self._copy_edges("ABOUT", "Lesson", "Task",
+                             [(x.lesson_id, x.task_id) for x in lessons if x.task_id in tasks])
+            if rebuild_text_index:
+                self.rebuild_text_index()
+
+    def rebuild_text_index(self) -> None:
+        """Kùzu 0.11.3's FTS index is wrong after an UNWIND ... CREATE of several rows (every row of the batch
+        then matches every term of the batch, with equal scores; row-by-row CREATEs are indexed right), so the
+        lesson index is rebuilt after bulk loads (~1 s per 20k lessons)."""
+        with self._lock:
+            self._exec("CALL DROP_FTS_INDEX('Lesson', 'lesson_fts')")
+            self._exec("CALL CREATE_FTS_INDEX('Lesson', 'lesson_fts', ['search_text'])")
+            self._prepared.clear()  # plans that used the old index
+
+    def existing_ids(self, table: str, key: str, ids: list[str]) -> set[str]:
+        """Which of ``ids`` are nodes of ``table`` (one query, not one per id)."""
+        if not ids:
+            return set()
+        return {r["i"] for r in self._rows(f"UNWIND $ids AS x MATCH (n:{table} {{{key}: x}}) RETURN n.{key} AS i",
+                                          {"ids": list(dict.fromkeys(ids))})}
 
     def bulk_embeddings(self, rows: list[tuple[str, str, str, list[float]]], chunk: int = 10_000) -> None:
         """(id, kind, model, vector) rows through CSV COPYs of 10k rows (parameter lists of floats are slow, and

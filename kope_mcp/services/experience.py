@@ -10,8 +10,9 @@ from typing import Literal
 
 from kope_mcp.errors import MAX_STRATEGY_CHARS, MAX_TEXT_CHARS, KopeError, UnknownBackendError, check_length
 from kope_mcp.hardware import detect_hardware
-from kope_mcp.memory.outcome import LABEL_PRIOR, UNVERIFIED_CONFIDENCE
+from kope_mcp.memory.outcome import LABEL_PRIOR, UNVERIFIED_CONFIDENCE, gain_factor
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord
+from kope_mcp.memory.retrieval_index import hardware_rank
 from kope_mcp.memory.selection import (
     COLD_MAX_ITEMS,
     WARM_MAX_ITEMS,
@@ -35,6 +36,12 @@ MAX_QUERY_CHARS = 2000
 MAX_LESSON_CHARS = 4000
 CANDIDATES_PER_SOURCE = 60  # per graph filter; the best by downstream score come first
 MAX_FIX_LOOKUPS = 40
+FULL_TEXT_HITS = 100  # per BM25 index (strategies, lessons): ~3 ms at 20k documents
+FIX_QUALITY = 0.8  # a recorded fix for the error at hand, as an attempt's fix weighs
+# Evidence from other hardware, by hardware_rank: the same architecture still carries the algorithm and most of
+# the code; another kind of device (a GPU result for a CPU question) mostly does not.
+HARDWARE_WEIGHT = {3: 1.0, 2: 0.6, 1: 0.45, 0: 0.2}
+FIX_TEXT_MATCH = 0.3  # a lesson about a failure answers an error when its words match this well (BM25, cosine)
 STRATEGY_MATCH_ATTEMPTS = 10  # attempts taken per strategy whose name matches the query
 SECTION_HEADER_RESERVE = 60  # tokens kept free for the markdown headers when adding diffs
 PREFERRED_AGENT_BOOST = 1.5  # enough to reorder near-equals, not to outrank much stronger evidence
@@ -294,11 +301,14 @@ class ExperienceService:
             add_attempts(self.memory.attempts_with_signature(state.signature, limit), "same error signature")
         add_attempts(self.memory.best_attempts(limit // 2), "effective elsewhere")
         lessons: dict[str, LessonRecord] = {}
-        for lesson in self.memory.scoped_lessons(state.task_id, state.family, limit):
+        for lesson in self.memory.scoped_lessons(state.task_id, state.family, state.hardware_key, limit):
             lessons[lesson.lesson_id] = lesson
             reasons.setdefault(lesson.lesson_id, []).append("scope match")
-        text_query = " ".join(p for p in (query, state.task_id, state.signature) if p)
-        hits = self.store.full_text(text_query, 50) if text_query.strip() else []
+        # Not the task id: every lesson naming the task would match it, and the task's lessons are candidates
+        # by scope already; BM25 is for the words of the question.
+        text_query = " ".join(p for p in (query, state.signature) if p)
+        hits = self.store.full_text(text_query, FULL_TEXT_HITS) if text_query.strip() else []
+        hits.sort(key=lambda h: (-h[2], h[1]))  # equal scores in id order, not in the order rows were inserted
         top_bm25 = max((score for _, _, score in hits), default=1.0) or 1.0
         bm25 = {item_id: score / top_bm25 for kind, item_id, score in hits if kind == "lesson"}
         # A strategy that matches the query lends its score to the attempts that applied it.
@@ -354,7 +364,8 @@ class ExperienceService:
         other_target = bool(state.target and target and target != state.target)
         same_task = bool(task_id and task_id == state.task_id)
         same_family = bool(family and family == state.family)
-        same_hw = hw is None or hw == state.hardware_key
+        hw_rank = hardware_rank(hw, state.hardware_key)
+        same_hw = hw_rank == 3
         same_sig = bool(rec and state.signature and rec.error_signature == state.signature)
         relevance = 0.1 + 0.4 * cand.bm25 + 0.5 * max(0.0, cand.cosine)
         relevance += 0.6 if same_task else 0.3 if same_family else 0.0
@@ -367,23 +378,29 @@ class ExperienceService:
             # A kernel that broke is the pitfall worth a line; "slower" is measured, "no gain" says least.
             broken = not rec.ok or rec.correct is False
             quality = 0.6 if broken else (0.45 if rec.label == "negative" else 0.3) * rec.confidence
+        elif lesson is not None and fixes_the_error(lesson, cand, state):
+            quality = FIX_QUALITY
         elif lesson is not None:
-            quality = (LABEL_PRIOR.get(lesson.label, 0.5) if lesson.verified else LABEL_PRIOR["lesson"]) * \
-                lesson.confidence
+            measured = lesson.verified or lesson.speedup is not None
+            quality = (LABEL_PRIOR.get(lesson.label, 0.5) if measured else LABEL_PRIOR["lesson"]) * \
+                max(lesson.confidence, 0.1)
+            if lesson.label in ("effective", "partial") and lesson.speedup is not None:
+                quality *= 2 * gain_factor(lesson.speedup)  # a 6x win says more than a 1.02x tweak
         else:
             return None
-        multiplier = _PHASE_WEIGHTS[state.phase][cand.kind]
-        if same_sig and cand.kind in ("fix", "pitfall"):
+        fix_like = cand.kind == "fix" or (lesson is not None and quality == FIX_QUALITY)
+        multiplier = _PHASE_WEIGHTS[state.phase]["fix" if fix_like else cand.kind]
+        if (same_sig or fix_like) and cand.kind in ("fix", "pitfall", "lesson"):
             multiplier *= 2.0
-        if not same_hw:
-            multiplier *= 0.6
+        multiplier *= HARDWARE_WEIGHT[hw_rank]
         if other_target:
             multiplier *= 0.5
         score = round(relevance * quality * multiplier, 4)
-        local = (same_task or same_family or same_sig or (cand.kind == "lesson" and task_id is None))
+        local = (same_task or same_family or same_sig or fix_like or (cand.kind == "lesson" and task_id is None))
         tier = "warm" if local and same_hw and not other_target else "cold"
         why = list(dict.fromkeys(cand.reasons))
-        flags = (("same hardware", same_hw and hw is not None), ("other hardware", not same_hw),
+        flags = (("same hardware", same_hw and hw is not None), ("other hardware", 0 < hw_rank < 3),
+                 ("another kind of hardware", hw_rank == 0), ("fixes this error", fix_like),
                  (f"other backend ({target})", other_target),
                  (f"BM25 {cand.bm25:.2f}", cand.bm25 > 0), (f"cosine {cand.cosine:.2f}", cand.cosine > 0),
                  )
@@ -416,6 +433,13 @@ _PHASE_WEIGHTS: dict[str, dict[str, float]] = {
     "incorrect": {"case": 0.6, "fix": 2.5, "pitfall": 1.5, "lesson": 1.0},
     "optimize": {"case": 1.5, "fix": 0.4, "pitfall": 1.2, "lesson": 1.0},
 }
+
+
+def fixes_the_error(lesson: LessonRecord, cand: Candidate, state: QueryState) -> bool:
+    """A lesson recorded about a failure, asked about a failure, whose words match the question: the account of
+    how that error was mended, whatever task or family it came from."""
+    return (state.phase in ("compile_error", "incorrect") and lesson.label in ("compile_error", "incorrect")
+            and max(cand.bm25, cand.cosine) >= FIX_TEXT_MATCH)
 
 
 def _feedback(latest: AttemptRecord) -> str:

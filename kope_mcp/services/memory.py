@@ -334,10 +334,15 @@ class ExperienceMemory:
             return self.index.get([latest])[0] if latest else None
         return self.store.latest_in_session(session_id)
 
-    def scoped_lessons(self, task_id: str | None, family: str | None, limit: int) -> list[LessonRecord]:
+    def scoped_lessons(self, task_id: str | None, family: str | None, hardware: str | None,
+                       limit: int) -> list[LessonRecord]:
         if self.index.loaded:
-            return self.index.lessons_in_scope(task_id, family, limit)
-        return self.store.lessons_in_scope(task_id, family, limit)
+            return self.index.lessons_in_scope(task_id, family, hardware, limit)
+        # Until the index has loaded: the same choice, over what a bounded scan of the store returns.
+        scratch = RetrievalIndex()
+        for lesson in self.store.lessons_in_scope(task_id, family, 20 * limit):
+            scratch.add_lesson(lesson)
+        return scratch.lessons_in_scope(task_id, family, hardware, limit)
 
     def fixes_of(self, failing: list[AttemptRecord]) -> dict[str, AttemptRecord]:
         """Error -> fix pairs: a PREV successor that got further, else the session's very next attempt (agents

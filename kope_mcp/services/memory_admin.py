@@ -94,27 +94,90 @@ def export_memory(memory: ExperienceMemory, path: Path) -> dict[str, int]:
 
 
 def import_memory(memory: ExperienceMemory, path: Path) -> ImportReport:
-    added: dict[str, int] = {}
-    skipped: dict[str, int] = {}
+    importer = _Importer(memory, path)
+    try:
+        with path.open(encoding="utf-8") as fh:
+            header = json.loads(fh.readline() or "{}")
+            if header.get("format") != FORMAT or header.get("version") != VERSION:
+                raise InvalidExportError(f"{path} is not a {FORMAT} version {VERSION} file "
+                                         f"(header: {header!r:.200})")
+            for number, line in enumerate(fh, start=2):
+                importer.line = number
+                if line.strip():
+                    importer.take(json.loads(line))
+            importer.flush()
+    except (KeyError, ValueError) as exc:
+        raise InvalidExportError(f"{path}:{importer.line}: {type(exc).__name__}: {exc}") from None
+    finally:
+        if importer.added.get("lesson"):
+            memory.store.rebuild_text_index()
+    return ImportReport(added=importer.added, skipped_existing=importer.skipped)
 
-    def count(bucket: dict[str, int], kind: str) -> None:
-        bucket[kind] = bucket.get(kind, 0) + 1
 
-    with path.open(encoding="utf-8") as fh:
-        header = json.loads(fh.readline() or "{}")
-        if header.get("format") != FORMAT or header.get("version") != VERSION:
-            raise InvalidExportError(f"{path} is not a {FORMAT} version {VERSION} file (header: {header!r:.200})")
-        for number, line in enumerate(fh, start=2):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                kind = row.pop("kind")
-                new = _import_row(memory, kind, row)
-            except (json.JSONDecodeError, KeyError, ValueError) as exc:
-                raise InvalidExportError(f"{path}:{number}: {type(exc).__name__}: {exc}") from None
-            count(added if new else skipped, kind)
-    return ImportReport(added=added, skipped_existing=skipped)
+class _Importer:
+    """Rows in file order; consecutive lessons are written together (one statement per chunk: row by row,
+    50k lessons took 19 minutes)."""
+
+    def __init__(self, memory: ExperienceMemory, path: Path) -> None:
+        self.memory, self.path = memory, path
+        self.added: dict[str, int] = {}
+        self.skipped: dict[str, int] = {}
+        self.lessons: list[dict[str, Any]] = []
+        self.line = 0
+
+    def take(self, row: dict[str, Any]) -> None:
+        kind = row.pop("kind")
+        if kind == "lesson":
+            row["_line"] = self.line
+            self.lessons.append(row)
+            if len(self.lessons) >= LESSON_CHUNK:
+                self.flush()
+            return
+        self.flush()
+        self._count(kind, 1 if _import_row(self.memory, kind, row) else 0, 1)
+
+    def flush(self) -> None:
+        if self.lessons:
+            new = _import_lessons(self.memory, self.path, self.lessons)
+            self._count("lesson", new, len(self.lessons))
+            self.lessons = []
+
+    def _count(self, kind: str, new: int, seen: int) -> None:
+        self.added[kind] = self.added.get(kind, 0) + new
+        self.skipped[kind] = self.skipped.get(kind, 0) + seen - new
+        if not self.added[kind]:
+            del self.added[kind]
+        if not self.skipped[kind]:
+            del self.skipped[kind]
+
+
+LESSON_CHUNK = 2000  # lessons per write: one UNWIND statement and a COPY per edge table
+
+
+def _import_lessons(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
+    """Write a chunk of lessons at once (row by row, 50k lessons took 19 minutes); returns how many were new.
+    Edges go only to nodes that exist, as the row-by-row MATCH ... CREATE did."""
+    store = memory.store
+    records: list[tuple[LessonRecord, str]] = []
+    for row in rows:
+        if not isinstance(row.get("lesson_id"), str):
+            raise InvalidExportError(f"{path}:{row['_line']}: a lesson needs a string lesson_id")
+    seen = store.existing_ids("Lesson", "lesson_id", [row["lesson_id"] for row in rows])
+    for row in rows:
+        line = row.pop("_line")
+        if row["lesson_id"] in seen:
+            continue
+        seen.add(row["lesson_id"])
+        text = row.pop("search_text", "") or row.get("text", "")
+        try:
+            records.append((LessonRecord.model_validate(row), text))
+        except ValueError as exc:
+            raise InvalidExportError(f"{path}:{line}: {type(exc).__name__}: {exc}") from None
+    if records:
+        store.bulk_lessons(records, rebuild_text_index=False)  # import_memory rebuilds it once, at the end
+        for lesson, _ in records:
+            memory.index_lesson(lesson)
+    return len(records)
 
 
 def _import_row(memory: ExperienceMemory, kind: str, row: dict[str, Any]) -> bool:

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Retrieval quality and speed of query_experience on a team-sized memory with ground truth.
+
+    python tools/bench_retrieval.py                              # 2k and 10k lessons, embeddings off and on
+    python tools/bench_retrieval.py --sizes 50000 --embeddings off
+    python tools/bench_retrieval.py --sizes 2000 --order "newest first" "oldest first" shuffled
+
+For each size: a corpus is generated (kope_mcp/bench/retrieval_corpus.py: wins, pitfalls and compile-error fixes
+on four kinds of hardware, buried in hard noise), imported as `kope memory import` does (timed), embedded when
+embeddings are on (timed, items/s), then every query is asked through the SDK's in-process MCP client with its
+task_id, hardware and a 2,000-token budget. Printed per size, order and embeddings setting, overall and per kind
+of question:
+- hit rate: a relevant item is in the context;
+- recall: the share of the relevant items in the context;
+- violations: a must-not item (a win on the other kind of hardware) ranked first;
+- tokens: the context's estimated tokens, median;
+- p50 / p95 latency of the tool call, and the load average.
+Targets (issue 16): hit >= 90% overall and >= 80% per kind, recall >= 0.8, no violation; p50 <= 50 ms and
+p95 <= 100 ms at 10k with embeddings on, p95 <= 150 ms at 50k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from kope_mcp.bench.retrieval_corpus import Corpus, Query, generate, kinds
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def load(corpus: Corpus, home: Path, order: str, embeddings: bool) -> dict[str, float]:
+    from kope_mcp.services.memory_admin import import_memory
+    from kope_mcp.services.workbench import Workbench
+    from kope_mcp.settings import KopeSettings
+
+    path = home.parent / f"{home.name}.jsonl"
+    corpus.write(path, order)
+    bench = Workbench(KopeSettings.from_env(home=home, embeddings=embeddings))
+    bench.memory.start()
+    t0 = time.perf_counter()
+    import_memory(bench.memory, path)
+    figures = {"import_s": time.perf_counter() - t0}
+    if embeddings:
+        t0 = time.perf_counter()
+        bench.memory.drain(timeout=3600)
+        figures["embed_s"] = time.perf_counter() - t0
+    bench.memory.stop()
+    bench.store.close()
+    return figures
+
+
+async def ask(corpus: Corpus, home: Path, embeddings: bool, budget: int) -> list[dict[str, Any]]:
+    from mcp import Client
+
+    from kope_mcp.server import build_server
+    from kope_mcp.settings import KopeSettings
+
+    results = []
+    settings = KopeSettings.from_env(home=home, embeddings=embeddings)
+    async with Client(build_server(settings)) as client:
+        if embeddings:  # the server loads the stored vectors in the background: wait until it searches by them
+            with anyio.fail_after(600):
+                while not (await _query(client, corpus.queries[0], budget))[0]["semantic_search"]:
+                    await anyio.sleep(0.2)
+        await _query(client, corpus.queries[-1], budget)  # the first call pays for lazy imports: not measured
+        for query in corpus.queries:
+            result, seconds = await _query(client, query, budget)
+            returned = [item["id"] for item in result["items"] if item["tier"] != "hot"]
+            results.append({"query": query, "returned": returned, "seconds": seconds,
+                            "tokens": result["tokens_used"]})
+    return results
+
+
+async def _query(client: Any, query: Query, budget: int) -> tuple[dict[str, Any], float]:
+    args = {"query": query.text, "task_id": query.task_id, "hardware": query.hardware, "token_budget": budget}
+    if query.phase:
+        args["phase"] = query.phase
+    t0 = time.perf_counter()
+    result = await client.call_tool("query_experience", args)
+    seconds = time.perf_counter() - t0
+    assert not result.is_error, result.content
+    return result.structured_content, seconds
+
+
+def score(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        groups["all"].append(r)
+        groups[r["query"].kind].append(r)
+    table = {}
+    for name, rows in groups.items():
+        hits = [bool(set(r["returned"]) & r["query"].relevant) for r in rows]
+        recall = [len(set(r["returned"]) & r["query"].relevant) / len(r["query"].relevant) for r in rows]
+        violations = sum(1 for r in rows if r["returned"] and r["returned"][0] in r["query"].must_not_lead)
+        seconds = [r["seconds"] for r in rows]
+        table[name] = {"n": len(rows), "hit": sum(hits) / len(rows), "recall": statistics.mean(recall),
+                       "violations": violations, "tokens": statistics.median(r["tokens"] for r in rows),
+                       "p50_ms": statistics.median(seconds) * 1e3, "p95_ms": percentile(seconds, 0.95) * 1e3}
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 10000])
+    parser.add_argument("--embeddings", choices=("off", "on", "both"), default="both")
+    parser.add_argument("--order", nargs="+", default=["as generated"],
+                        choices=("as generated", "newest first", "oldest first", "shuffled"))
+    parser.add_argument("--budget", type=int, default=2000)
+    parser.add_argument("--misses", action="store_true", help="list each query that found nothing relevant")
+    args = parser.parse_args()
+    settings = {"off": [False], "on": [True], "both": [False, True]}[args.embeddings]
+    for size in args.sizes:
+        corpus = generate(size)
+        print(f"\n## {len(corpus.lessons)} lessons, {len(corpus.queries)} queries "
+              f"({', '.join(f'{k} {sum(q.kind == k for q in corpus.queries)}' for k in kinds(corpus.queries))})")
+        for order in args.order:
+            for embeddings in settings:
+                home = Path(tempfile.mkdtemp(prefix="kope-bench-retrieval-")) / "home"
+                figures = load(corpus, home, order, embeddings)
+                results = anyio.run(ask, corpus, home, embeddings, args.budget)
+                load1 = os.getloadavg()[0]
+                imported = f"import {figures['import_s']:.1f} s ({len(corpus.lessons) / figures['import_s']:.0f}/s)"
+                embedded = (f", embedding backlog {figures['embed_s']:.1f} s "
+                            f"({len(corpus.lessons) / max(figures['embed_s'], 1e-9):.0f}/s)" if embeddings else "")
+                print(f"\n{order}, embeddings {'on' if embeddings else 'off'}: {imported}{embedded}; "
+                      f"load average {load1:.2f}")
+                print(f"{'kind':<22} {'n':>3} {'hit':>6} {'recall':>7} {'viol':>5} {'tokens':>7} "
+                      f"{'p50 ms':>7} {'p95 ms':>7}")
+                for name, row in score(results).items():
+                    print(f"{name:<22} {row['n']:>3} {row['hit']:>6.0%} {row['recall']:>7.2f} "
+                          f"{row['violations']:>5} {row['tokens']:>7.0f} {row['p50_ms']:>7.1f} {row['p95_ms']:>7.1f}")
+                if args.misses:
+                    for r in results:
+                        if not set(r["returned"]) & r["query"].relevant:
+                            q = r["query"]
+                            print(f"  miss {q.qid} {q.kind}: {q.text[:70]!r} task {q.task_id} hw {q.hardware}")
+
+
+if __name__ == "__main__":
+    main()
