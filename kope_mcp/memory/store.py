@@ -429,6 +429,20 @@ class KuzuExperienceStore:
         self._exec("MERGE (e:Embedding {id: $i}) SET e.kind = $k, e.model = $m, e.vector = $v",
                    {"i": item_id, "k": kind, "m": model, "v": vector})
 
+    def add_embeddings(self, rows: list[tuple[str, str, str, list[float]]]) -> None:
+        """(id, kind, model, vector) rows: new ones by one COPY (0.4-0.8 ms a row, a MERGE each costs 1.7 ms),
+        ids that already have a vector (embedded meanwhile by another path) by MERGE."""
+        with self._lock:
+            existing = self.existing_ids("Embedding", "id", [r[0] for r in rows])
+            fresh = list({r[0]: r for r in rows if r[0] not in existing}.values())
+            if len(fresh) >= 8:
+                self.bulk_embeddings(fresh)
+            else:
+                existing |= {r[0] for r in fresh}
+            for item_id, kind, model, vector in rows:
+                if item_id in existing:
+                    self.set_embedding(item_id, kind, model, vector)
+
     def embeddings(self) -> Iterator[tuple[str, str, list[float]]]:
         for row in self._rows("MATCH (e:Embedding) RETURN e.id AS i, e.kind AS k, e.vector AS v"):
             yield row["i"], row["k"], row["v"]

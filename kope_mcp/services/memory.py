@@ -39,6 +39,11 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
+# Texts per model call in the background: large enough to amortise the write, small enough that a query waiting
+# for the model (one lock) waits a fraction of a second.
+EMBED_BATCH = 64
+
+
 class ExperienceMemory:
     def __init__(self, store: KuzuExperienceStore, embedder: BackgroundEmbedder) -> None:
         self.store = store
@@ -119,7 +124,7 @@ class ExperienceMemory:
             if item is None:
                 return
             batch = [item]
-            while len(batch) < 32:
+            while len(batch) < EMBED_BATCH:
                 try:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
@@ -129,8 +134,10 @@ class ExperienceMemory:
                     break
                 batch.append(nxt)
             vectors = self.embedder.embed([text for _, _, text in batch]) or []
-            for (kind, item_id, _), vector in zip(batch, vectors, strict=False):
-                self.store.set_embedding(item_id, kind, MODEL_NAME, vector)
+            rows = [(item_id, kind, MODEL_NAME, vector)
+                    for (kind, item_id, _), vector in zip(batch, vectors, strict=False)]
+            self.store.add_embeddings(rows)
+            for item_id, kind, _, vector in rows:
                 self.vectors.add(item_id, kind, vector)
             for _ in batch:
                 self._queue.task_done()
