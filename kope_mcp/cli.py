@@ -87,6 +87,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     settings = KopeSettings.from_env()
+    from kope_mcp.errors import KopeError
+    from kope_mcp.services.selection_config import load_selection
+
+    try:
+        load_selection(settings.selection)
+    except KopeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.transport == "http":
         from kope_mcp.http_server import HttpOptions
 

@@ -53,6 +53,9 @@ class KopeMCPServer(MCPServer[AppState]):
 
 def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
     settings = settings or KopeSettings.from_env()
+    from kope_mcp.services.selection_config import load_selection
+
+    selection = load_selection(settings.selection)  # a wrong KOPE_SELECTION stops here, before serving
     live = LiveState()
 
     @asynccontextmanager
@@ -65,7 +68,7 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
         workbench.memory.start()
         try:
             live.state = AppState(workbench=workbench, experience=ExperienceService(
-                workbench.memory, workbench.tasks, workbench.target_hardware_key))
+                workbench.memory, workbench.tasks, workbench.target_hardware_key, selection))
             yield live.state
         finally:
             live.state = None

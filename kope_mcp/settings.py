@@ -18,6 +18,8 @@ class KopeSettings(BaseModel):
     memory_limit_bytes: int = Field(4 * 1024**3, description="Address-space limit of a kernel child process.")
     compiler: str = Field("gcc", description="C compiler for the c backend (KOPE_CC).")
     embeddings: bool = Field(True, description="Semantic search with all-MiniLM-L6-v2 (KOPE_EMBEDDINGS=off).")
+    selection: str = Field("", description="query_experience's weights: a preset name or a JSON file of "
+                           "SelectionConfig fields (KOPE_SELECTION; default: the 'evidence' preset).")
 
     @classmethod
     def from_env(cls, **overrides: object) -> KopeSettings:
@@ -26,6 +28,7 @@ class KopeSettings(BaseModel):
             "home": Path(env.get("KOPE_HOME", "~/.kope")).expanduser(),
             "compiler": env.get("KOPE_CC", "gcc"),
             "embeddings": env.get("KOPE_EMBEDDINGS", "on").lower() not in ("off", "0", "false", "no"),
+            "selection": env.get("KOPE_SELECTION", ""),
         }
         if "KOPE_MAX_SOURCE_BYTES" in env:
             values["max_source_bytes"] = int(env["KOPE_MAX_SOURCE_BYTES"])
@@ -42,6 +45,7 @@ class KopeSettings(BaseModel):
             "KOPE_EMBEDDINGS": "on" if self.embeddings else "off",
             "KOPE_MAX_SOURCE_BYTES": str(self.max_source_bytes),
             "KOPE_PROFILE_S": f"{self.profile_time_cap_s:g}",
+            "KOPE_SELECTION": self.selection,
             "KOPE_TASKS_PATH": os.environ.get("KOPE_TASKS_PATH", ""),
             "KOPE_UNSAFE_NO_SANDBOX": "1" if os.environ.get("KOPE_UNSAFE_NO_SANDBOX") == "1" else "0",
         }

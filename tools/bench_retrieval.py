@@ -61,14 +61,14 @@ def load(corpus: Corpus, home: Path, order: str, embeddings: bool) -> dict[str, 
     return figures
 
 
-async def ask(corpus: Corpus, home: Path, embeddings: bool, budget: int) -> list[dict[str, Any]]:
+async def ask(corpus: Corpus, home: Path, embeddings: bool, budget: int, selection: str) -> list[dict[str, Any]]:
     from mcp import Client
 
     from kope_mcp.server import build_server
     from kope_mcp.settings import KopeSettings
 
     results = []
-    settings = KopeSettings.from_env(home=home, embeddings=embeddings)
+    settings = KopeSettings.from_env(home=home, embeddings=embeddings, selection=selection)
     async with Client(build_server(settings)) as client:
         if embeddings:  # the server loads the stored vectors in the background: wait until it searches by them
             with anyio.fail_after(600):
@@ -118,6 +118,9 @@ def main() -> None:
     parser.add_argument("--order", nargs="+", default=["as generated"],
                         choices=("as generated", "newest first", "oldest first", "shuffled"))
     parser.add_argument("--budget", type=int, default=2000)
+    parser.add_argument("--selection", nargs="+", default=["evidence"],
+                        help="selection configs to compare: preset names (evidence, recency, text) or JSON files "
+                             "of SelectionConfig fields (as KOPE_SELECTION takes)")
     parser.add_argument("--misses", action="store_true", help="list each query that found nothing relevant")
     args = parser.parse_args()
     settings = {"off": [False], "on": [True], "both": [False, True]}[args.embeddings]
@@ -129,23 +132,29 @@ def main() -> None:
             for embeddings in settings:
                 home = Path(tempfile.mkdtemp(prefix="kope-bench-retrieval-")) / "home"
                 figures = load(corpus, home, order, embeddings)
-                results = anyio.run(ask, corpus, home, embeddings, args.budget)
-                load1 = os.getloadavg()[0]
-                imported = f"import {figures['import_s']:.1f} s ({len(corpus.lessons) / figures['import_s']:.0f}/s)"
-                embedded = (f", embedding backlog {figures['embed_s']:.1f} s "
-                            f"({len(corpus.lessons) / max(figures['embed_s'], 1e-9):.0f}/s)" if embeddings else "")
-                print(f"\n{order}, embeddings {'on' if embeddings else 'off'}: {imported}{embedded}; "
-                      f"load average {load1:.2f}")
-                print(f"{'kind':<22} {'n':>3} {'hit':>6} {'recall':>7} {'viol':>5} {'tokens':>7} "
-                      f"{'p50 ms':>7} {'p95 ms':>7}")
-                for name, row in score(results).items():
-                    print(f"{name:<22} {row['n']:>3} {row['hit']:>6.0%} {row['recall']:>7.2f} "
-                          f"{row['violations']:>5} {row['tokens']:>7.0f} {row['p50_ms']:>7.1f} {row['p95_ms']:>7.1f}")
-                if args.misses:
-                    for r in results:
-                        if not set(r["returned"]) & r["query"].relevant:
-                            q = r["query"]
-                            print(f"  miss {q.qid} {q.kind}: {q.text[:70]!r} task {q.task_id} hw {q.hardware}")
+                for selection in args.selection:
+                    report(corpus, home, order, embeddings, selection, figures, args)
+
+
+def report(corpus: Corpus, home: Path, order: str, embeddings: bool, selection: str, figures: dict[str, float],
+           args: argparse.Namespace) -> None:
+    results = anyio.run(ask, corpus, home, embeddings, args.budget, selection)
+    load1 = os.getloadavg()[0]
+    imported = f"import {figures['import_s']:.1f} s ({len(corpus.lessons) / figures['import_s']:.0f}/s)"
+    embedded = (f", embedding backlog {figures['embed_s']:.1f} s "
+                f"({len(corpus.lessons) / max(figures['embed_s'], 1e-9):.0f}/s)" if embeddings else "")
+    print(f"\n{order}, embeddings {'on' if embeddings else 'off'}, selection {selection}: "
+          f"{imported}{embedded}; load average {load1:.2f}")
+    print(f"{'kind':<22} {'n':>3} {'hit':>6} {'recall':>7} {'viol':>5} {'tokens':>7} "
+          f"{'p50 ms':>7} {'p95 ms':>7}")
+    for name, row in score(results).items():
+        print(f"{name:<22} {row['n']:>3} {row['hit']:>6.0%} {row['recall']:>7.2f} "
+              f"{row['violations']:>5} {row['tokens']:>7.0f} {row['p50_ms']:>7.1f} {row['p95_ms']:>7.1f}")
+    if args.misses:
+        for r in results:
+            if not set(r["returned"]) & r["query"].relevant:
+                q = r["query"]
+                print(f"  miss {q.qid} {q.kind}: {q.text[:70]!r} task {q.task_id} hw {q.hardware}")
 
 
 if __name__ == "__main__":

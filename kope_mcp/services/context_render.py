@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kope_mcp.memory.selection import Scored, estimate_tokens, truncate_to_tokens
 from kope_mcp.models import ContextItem
-
-if TYPE_CHECKING:
-    from kope_mcp.services.experience import Candidate
+from kope_mcp.services.candidates import Candidate
 
 _SECTIONS = (
     ("hot", None, "## Where you are"),

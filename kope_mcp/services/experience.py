@@ -5,14 +5,12 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Literal
 
 from kope_mcp.errors import MAX_STRATEGY_CHARS, MAX_TEXT_CHARS, KopeError, UnknownBackendError, check_length
 from kope_mcp.hardware import detect_hardware
-from kope_mcp.memory.outcome import LABEL_PRIOR, UNVERIFIED_CONFIDENCE, gain_factor
+from kope_mcp.memory.outcome import UNVERIFIED_CONFIDENCE
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord
-from kope_mcp.memory.retrieval_index import hardware_rank
 from kope_mcp.memory.selection import (
     COLD_MAX_ITEMS,
     WARM_MAX_ITEMS,
@@ -28,59 +26,28 @@ from kope_mcp.memory.selection import (
 )
 from kope_mcp.memory.strategies import strategy_key
 from kope_mcp.models import Phase, QueryResult, RecordResult
+from kope_mcp.services.candidates import Candidate, Kind, QueryState, gather
 from kope_mcp.services.context_render import has_diff, hot_section, render_context, render_item
 from kope_mcp.services.memory import ExperienceMemory, new_id, now
+from kope_mcp.services.scoring import score as score_candidate
+from kope_mcp.services.selection_config import PRESETS, SelectionConfig
 from kope_mcp.tasks.registry import TaskRegistry
 
 MAX_QUERY_CHARS = 2000
 MAX_LESSON_CHARS = 4000
-CANDIDATES_PER_SOURCE = 60  # per graph filter; the best by downstream score come first
-MAX_FIX_LOOKUPS = 40
-MMR_POOL_PER_ITEM = 4  # MMR considers the best 4 x the tier's item cap
-FULL_TEXT_HITS = 100  # per BM25 index (strategies, lessons): ~3 ms at 20k documents
-FIX_QUALITY = 0.8  # a recorded fix for the error at hand, as an attempt's fix weighs
-# Evidence from other hardware, by hardware_rank: the same architecture still carries the algorithm and most of
-# the code; another kind of device (a GPU result for a CPU question) mostly does not.
-HARDWARE_WEIGHT = {3: 1.0, 2: 0.6, 1: 0.45, 0: 0.2}
-FIX_TEXT_MATCH = 0.3  # a lesson about a failure answers an error when its words match this well (BM25, cosine)
-STRATEGY_MATCH_ATTEMPTS = 10  # attempts taken per strategy whose name matches the query
 SECTION_HEADER_RESERVE = 60  # tokens kept free for the markdown headers when adding diffs
-PREFERRED_AGENT_BOOST = 1.5  # enough to reorder near-equals, not to outrank much stronger evidence
-Kind = Literal["case", "fix", "pitfall", "lesson"]
 
 
 class EmptyLessonError(KopeError):
     code = "empty_lesson"
 
 
-@dataclass
-class Candidate:
-    kind: Kind
-    item_id: str
-    attempt: AttemptRecord | None = None
-    lesson: LessonRecord | None = None
-    fix: AttemptRecord | None = None
-    bm25: float = 0.0
-    cosine: float = 0.0
-    reasons: list[str] = field(default_factory=list)
-
-
-@dataclass
-class QueryState:
-    phase: Phase
-    task_id: str | None
-    family: str | None
-    hardware_key: str
-    target: str | None
-    signature: str | None
-    latest: AttemptRecord | None
-    incumbent: AttemptRecord | None
-
-
 class ExperienceService:
     def __init__(self, memory: ExperienceMemory, tasks: TaskRegistry,
-                 target_hardware: Callable[[str], str | None] | None = None) -> None:
+                 target_hardware: Callable[[str], str | None] | None = None,
+                 config: SelectionConfig | None = None) -> None:
         self.memory = memory
+        self.config = config or PRESETS["evidence"]
         self.store = memory.store
         self.tasks = tasks
         # backend name -> the hardware key its results are recorded under (a GPU target's is its GPU's).
@@ -161,7 +128,7 @@ class ExperienceService:
             query = query[:MAX_QUERY_CHARS]
             warnings.append(f"the query was cut to its first {MAX_QUERY_CHARS} characters")
         state = self._state(task_id, session_id, phase, hardware, backend)
-        candidates = self._gather(query, state)
+        candidates = gather(self.memory, query, state, self.config)
         hot = self._hot_items(state)
         scored: dict[str, tuple[Scored, Candidate, str]] = {}
         dropped: dict[str, int] = {}
@@ -174,7 +141,7 @@ class ExperienceService:
             if wanted and agent_mode == "only" and wanted not in by.lower():
                 dropped["other_agent"] = dropped.get("other_agent", 0) + 1
                 continue
-            tier_score = self._score(cand, state)
+            tier_score = score_candidate(cand, state, self.config)
             if tier_score is None:
                 dropped["no_measured_value"] = dropped.get("no_measured_value", 0) + 1
                 continue
@@ -186,7 +153,7 @@ class ExperienceService:
             if by:
                 cand.reasons.append(f"by {by}")
             if wanted and agent_mode == "prefer" and wanted in by.lower():
-                score = round(score * PREFERRED_AGENT_BOOST, 4)
+                score = round(score * self.config.preferred_agent_boost, 4)
                 cand.reasons.append("preferred agent")
             text = render_item(cand, state.task_id)
             scored[cand.item_id] = (Scored(cand.item_id, score, text, estimate_tokens(text), word_set(text)),
@@ -202,9 +169,10 @@ class ExperienceService:
             remaining = token_budget - hot_tokens
             for tier, cap, share in (("warm", WARM_MAX_ITEMS, WARM_SHARE), ("cold", COLD_MAX_ITEMS, 1.0)):
                 ranked = sorted((s for s, _, t in scored.values() if t == tier), key=lambda s: (-s.score, s.item_id))
-                # MMR reaches a few times the cap at most: pairwise similarity for the best MMR_POOL_PER_ITEM * cap
+                # MMR reaches a few times the cap at most: pairwise similarity for the best mmr_pool_per_item * cap
                 # only (the whole pool was O(n^2): ~20 ms a query at 50k lessons).
-                pool, beyond = ranked[:MMR_POOL_PER_ITEM * cap], ranked[MMR_POOL_PER_ITEM * cap:]
+                reach = self.config.mmr_pool_per_item * cap
+                pool, beyond = ranked[:reach], ranked[reach:]
                 sim = similarity_matrix(pool, [self.memory.vectors.vector(s.item_id) for s in pool])
                 # Look at a few times the cap so packing can still skip items that do not fit.
                 ordered, duplicates, rest = mmr_order(pool, sim, limit=3 * cap)
@@ -287,134 +255,6 @@ class ExperienceService:
         return QueryState(phase=phase or inferred, task_id=task_id, family=family, hardware_key=hardware,
                           target=target, signature=signature, latest=latest, incumbent=incumbent)
 
-    def _gather(self, query: str, state: QueryState) -> dict[str, Candidate]:
-        found: dict[str, Candidate] = {}
-        attempts: dict[str, AttemptRecord] = {}
-        reasons: dict[str, list[str]] = {}
-
-        def add_attempts(records: list[AttemptRecord], reason: str) -> None:
-            for rec in records:
-                attempts[rec.kernel_id] = rec
-                reasons.setdefault(rec.kernel_id, []).append(reason)
-
-        limit = CANDIDATES_PER_SOURCE
-        if state.task_id:
-            add_attempts(self.memory.attempts_for_task(state.task_id, limit), "same task")
-        if state.family:
-            add_attempts(self.memory.attempts_for_family(state.family, state.task_id, limit), "same family")
-        if state.signature:
-            add_attempts(self.memory.attempts_with_signature(state.signature, limit), "same error signature")
-        add_attempts(self.memory.best_attempts(limit // 2), "effective elsewhere")
-        lessons: dict[str, LessonRecord] = {}
-        for lesson in self.memory.scoped_lessons(state.task_id, state.family, state.hardware_key, limit):
-            lessons[lesson.lesson_id] = lesson
-            reasons.setdefault(lesson.lesson_id, []).append("scope match")
-        # Not the task id: every lesson naming the task would match it, and the task's lessons are candidates
-        # by scope already; BM25 is for the words of the question.
-        text_query = " ".join(p for p in (query, state.signature) if p)
-        hits = self.store.full_text(text_query, FULL_TEXT_HITS) if text_query.strip() else []
-        hits.sort(key=lambda h: (-h[2], h[1]))  # equal scores in id order, not in the order rows were inserted
-        top_bm25 = max((score for _, _, score in hits), default=1.0) or 1.0
-        bm25 = {item_id: score / top_bm25 for kind, item_id, score in hits if kind == "lesson"}
-        # A strategy that matches the query lends its score to the attempts that applied it.
-        for _, strategy_id, score in sorted((h for h in hits if h[0] == "strategy"), key=lambda h: -h[2])[:5]:
-            for rec in self.memory.attempts_for_strategy(strategy_id, STRATEGY_MATCH_ATTEMPTS):
-                attempts.setdefault(rec.kernel_id, rec)
-                reasons.setdefault(rec.kernel_id, []).append("strategy matches the query")
-                bm25[rec.kernel_id] = max(bm25.get(rec.kernel_id, 0.0), score / top_bm25)
-        cosine: dict[str, float] = {}
-        vectors = self.memory.embedder.embed([text_query]) if text_query.strip() and self.memory.semantic_ready \
-            else None
-        if vectors:
-            cosine = {item_id: score for item_id, kind, score in self.memory.vectors.search(vectors[0], 50)
-                      if kind in ("attempt", "lesson")}
-        extra = [i for i in dict.fromkeys([*bm25, *cosine]) if i not in attempts and i not in lessons]
-        if extra:
-            add_attempts(self.memory.attempts_by_id([i for i in extra if i.startswith("k-")]), "text match")
-            lesson_ids = [i for i in extra if i.startswith("x-")]
-            for lesson in self.memory.lessons_by_id(lesson_ids):
-                lessons[lesson.lesson_id] = lesson
-                reasons.setdefault(lesson.lesson_id, []).append("text match")
-        # Fixes matter for failures like the current one: same error signature first, then the same task.
-        failing = sorted((a for a in attempts.values() if not a.ok or a.correct is False),
-                         key=lambda a: (a.error_signature != state.signature, a.task_id != state.task_id))
-        fixes = self.memory.fixes_of(failing[:MAX_FIX_LOOKUPS]) if failing else {}
-        latest_id = state.latest.kernel_id if state.latest is not None else None
-        for kid, rec in attempts.items():
-            if kid == latest_id:
-                continue  # already in the hot tier as the latest feedback
-            if kid in fixes:
-                kind: Kind = "fix"
-            elif not rec.ok or rec.correct is False or rec.label in ("negative", "ineffective"):
-                kind = "pitfall"
-            elif rec.label in ("effective", "partial") and not rec.suspect:
-                kind = "case"  # a suspect measurement is never offered as what worked
-            else:
-                continue  # compiled but never measured: nothing to learn from yet
-            found[kid] = Candidate(kind=kind, item_id=kid, attempt=rec, fix=fixes.get(kid),
-                                   bm25=bm25.get(kid, 0.0), cosine=cosine.get(kid, 0.0),
-                                   reasons=reasons.get(kid, []))
-        for lid, lesson in lessons.items():
-            found[lid] = Candidate(kind="lesson", item_id=lid, lesson=lesson, bm25=bm25.get(lid, 0.0),
-                                   cosine=cosine.get(lid, 0.0), reasons=reasons.get(lid, []))
-        return found
-
-    def _score(self, cand: Candidate, state: QueryState) -> tuple[str, float] | None:
-        rec, lesson = cand.attempt, cand.lesson
-        task_id = rec.task_id if rec else (lesson.task_id if lesson else None)
-        family = rec.family if rec else (lesson.family if lesson else None)
-        hw = rec.hardware_key if rec else (lesson.hardware_key if lesson else None)
-        target = rec.target if rec else (lesson.target if lesson else None)
-        # Another backend's experience on the same family still carries the algorithm, not the code.
-        other_target = bool(state.target and target and target != state.target)
-        same_task = bool(task_id and task_id == state.task_id)
-        same_family = bool(family and family == state.family)
-        hw_rank = hardware_rank(hw, state.hardware_key)
-        same_hw = hw_rank == 3
-        same_sig = bool(rec and state.signature and rec.error_signature == state.signature)
-        relevance = 0.1 + 0.4 * cand.bm25 + 0.5 * max(0.0, cand.cosine)
-        relevance += 0.6 if same_task else 0.3 if same_family else 0.0
-        relevance += 1.0 if same_sig else 0.0
-        if cand.kind == "case" and rec is not None:
-            quality = LABEL_PRIOR[rec.label] * (0.5 + min(rec.downstream, 3.0) / 3.0) * max(rec.confidence, 0.1)
-        elif cand.kind == "fix":
-            quality = 0.8
-        elif cand.kind == "pitfall" and rec is not None:
-            # A kernel that broke is the pitfall worth a line; "slower" is measured, "no gain" says least.
-            broken = not rec.ok or rec.correct is False
-            quality = 0.6 if broken else (0.45 if rec.label == "negative" else 0.3) * rec.confidence
-        elif lesson is not None and fixes_the_error(lesson, cand, state):
-            quality = FIX_QUALITY
-        elif lesson is not None:
-            measured = lesson.verified or lesson.speedup is not None
-            quality = (LABEL_PRIOR.get(lesson.label, 0.5) if measured else LABEL_PRIOR["lesson"]) * \
-                max(lesson.confidence, 0.1)
-            if lesson.label in ("effective", "partial") and lesson.speedup is not None:
-                quality *= 2 * gain_factor(lesson.speedup)  # a 6x win says more than a 1.02x tweak
-        else:
-            return None
-        fix_like = cand.kind == "fix" or (lesson is not None and quality == FIX_QUALITY)
-        multiplier = _PHASE_WEIGHTS[state.phase]["fix" if fix_like else cand.kind]
-        if (same_sig or fix_like) and cand.kind in ("fix", "pitfall", "lesson"):
-            multiplier *= 2.0
-        multiplier *= HARDWARE_WEIGHT[hw_rank]
-        if other_target:
-            multiplier *= 0.5
-        score = round(relevance * quality * multiplier, 4)
-        local = (same_task or same_family or same_sig or fix_like or (cand.kind == "lesson" and task_id is None))
-        tier = "warm" if local and same_hw and not other_target else "cold"
-        why = list(dict.fromkeys(cand.reasons))
-        flags = (("same hardware", same_hw and hw is not None), ("other hardware", 0 < hw_rank < 3),
-                 ("another kind of hardware", hw_rank == 0), ("fixes this error", fix_like),
-                 (f"other backend ({target})", other_target),
-                 (f"BM25 {cand.bm25:.2f}", cand.bm25 > 0), (f"cosine {cand.cosine:.2f}", cand.cosine > 0),
-                 )
-        why += [w for w, on in flags if on]
-        if rec is not None and cand.kind == "case":
-            why.append(f"label {rec.label}, downstream {rec.downstream:.2f}, confidence {rec.confidence:.2f}")
-        cand.reasons = why
-        return tier, score
-
     def _hot_items(self, state: QueryState) -> list[tuple[str, str, str]]:
         """(kind, id, text) of what the state requires: target, incumbent, latest feedback."""
         hot: list[tuple[str, str, str]] = []
@@ -430,21 +270,6 @@ class ExperienceService:
         if state.latest is not None:
             hot.append(("feedback", state.latest.kernel_id, _feedback(state.latest)))
         return hot
-
-
-_PHASE_WEIGHTS: dict[str, dict[str, float]] = {
-    "start": {"case": 1.5, "fix": 0.5, "pitfall": 1.0, "lesson": 1.0},
-    "compile_error": {"case": 0.5, "fix": 3.0, "pitfall": 1.0, "lesson": 0.8},
-    "incorrect": {"case": 0.6, "fix": 2.5, "pitfall": 1.5, "lesson": 1.0},
-    "optimize": {"case": 1.5, "fix": 0.4, "pitfall": 1.2, "lesson": 1.0},
-}
-
-
-def fixes_the_error(lesson: LessonRecord, cand: Candidate, state: QueryState) -> bool:
-    """A lesson recorded about a failure, asked about a failure, whose words match the question: the account of
-    how that error was mended, whatever task or family it came from."""
-    return (state.phase in ("compile_error", "incorrect") and lesson.label in ("compile_error", "incorrect")
-            and max(cand.bm25, cand.cosine) >= FIX_TEXT_MATCH)
 
 
 def _feedback(latest: AttemptRecord) -> str:

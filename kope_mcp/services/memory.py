@@ -9,6 +9,7 @@ import queue
 import secrets
 import threading
 from datetime import UTC, datetime
+from typing import Literal
 
 from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.diffs import short_diff
@@ -341,8 +342,10 @@ class ExperienceMemory:
             return self.index.get([latest])[0] if latest else None
         return self.store.latest_in_session(session_id)
 
-    def scoped_lessons(self, task_id: str | None, family: str | None, hardware: str | None,
-                       limit: int) -> list[LessonRecord]:
+    def scoped_lessons(self, task_id: str | None, family: str | None, hardware: str | None, limit: int,
+                       by: Literal["evidence", "recency"] = "evidence") -> list[LessonRecord]:
+        if by == "recency":
+            return self.store.lessons_in_scope(task_id, family, limit)
         if self.index.loaded:
             return self.index.lessons_in_scope(task_id, family, hardware, limit)
         # Until the index has loaded: the same choice, over what a bounded scan of the store returns.

@@ -1,0 +1,114 @@
+"""Candidates for query_experience: the experiences worth scoring for a question in a state (the first stage of
+the selection pipeline; see selection_config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kope_mcp.memory.records import AttemptRecord, LessonRecord
+from kope_mcp.models import Phase
+from kope_mcp.services.memory import ExperienceMemory
+from kope_mcp.services.selection_config import Kind, SelectionConfig
+
+MAX_FIX_LOOKUPS = 40
+STRATEGY_MATCH_ATTEMPTS = 10  # attempts taken per strategy whose name matches the query
+
+
+@dataclass
+class Candidate:
+    kind: Kind
+    item_id: str
+    attempt: AttemptRecord | None = None
+    lesson: LessonRecord | None = None
+    fix: AttemptRecord | None = None
+    bm25: float = 0.0
+    cosine: float = 0.0
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class QueryState:
+    phase: Phase
+    task_id: str | None
+    family: str | None
+    hardware_key: str
+    target: str | None
+    signature: str | None
+    latest: AttemptRecord | None
+    incumbent: AttemptRecord | None
+
+
+def gather(memory: ExperienceMemory, query: str, state: QueryState, config: SelectionConfig) -> dict[str, Candidate]:
+    """Every experience worth scoring for this question and state: the task's, family's and error's measured
+    attempts and scoped lessons by evidence (never by age), BM25 and embedding matches, and fixes of failures."""
+    found: dict[str, Candidate] = {}
+    attempts: dict[str, AttemptRecord] = {}
+    reasons: dict[str, list[str]] = {}
+
+    def add_attempts(records: list[AttemptRecord], reason: str) -> None:
+        for rec in records:
+            attempts[rec.kernel_id] = rec
+            reasons.setdefault(rec.kernel_id, []).append(reason)
+
+    limit = config.candidates_per_source
+    if state.task_id:
+        add_attempts(memory.attempts_for_task(state.task_id, limit), "same task")
+    if state.family:
+        add_attempts(memory.attempts_for_family(state.family, state.task_id, limit), "same family")
+    if state.signature:
+        add_attempts(memory.attempts_with_signature(state.signature, limit), "same error signature")
+    add_attempts(memory.best_attempts(limit // 2), "effective elsewhere")
+    lessons: dict[str, LessonRecord] = {}
+    for lesson in memory.scoped_lessons(state.task_id, state.family, state.hardware_key, limit, by=config.lessons_by):
+        lessons[lesson.lesson_id] = lesson
+        reasons.setdefault(lesson.lesson_id, []).append("scope match")
+    # Not the task id: every lesson naming the task would match it, and the task's lessons are candidates
+    # by scope already; BM25 is for the words of the question.
+    text_query = " ".join(p for p in (query, state.task_id if config.text_query_has_task else None, state.signature)
+                          if p)
+    hits = memory.store.full_text(text_query, config.full_text_hits) if text_query.strip() else []
+    hits.sort(key=lambda h: (-h[2], h[1]))  # equal scores in id order, not in the order rows were inserted
+    top_bm25 = max((score for _, _, score in hits), default=1.0) or 1.0
+    bm25 = {item_id: score / top_bm25 for kind, item_id, score in hits if kind == "lesson"}
+    # A strategy that matches the query lends its score to the attempts that applied it.
+    for _, strategy_id, score in sorted((h for h in hits if h[0] == "strategy"), key=lambda h: -h[2])[:5]:
+        for rec in memory.attempts_for_strategy(strategy_id, STRATEGY_MATCH_ATTEMPTS):
+            attempts.setdefault(rec.kernel_id, rec)
+            reasons.setdefault(rec.kernel_id, []).append("strategy matches the query")
+            bm25[rec.kernel_id] = max(bm25.get(rec.kernel_id, 0.0), score / top_bm25)
+    cosine: dict[str, float] = {}
+    vectors = memory.embedder.embed([text_query]) if text_query.strip() and memory.semantic_ready \
+        else None
+    if vectors:
+        cosine = {item_id: score for item_id, kind, score in memory.vectors.search(vectors[0], 50)
+                  if kind in ("attempt", "lesson")}
+    extra = [i for i in dict.fromkeys([*bm25, *cosine]) if i not in attempts and i not in lessons]
+    if extra:
+        add_attempts(memory.attempts_by_id([i for i in extra if i.startswith("k-")]), "text match")
+        lesson_ids = [i for i in extra if i.startswith("x-")]
+        for lesson in memory.lessons_by_id(lesson_ids):
+            lessons[lesson.lesson_id] = lesson
+            reasons.setdefault(lesson.lesson_id, []).append("text match")
+    # Fixes matter for failures like the current one: same error signature first, then the same task.
+    failing = sorted((a for a in attempts.values() if not a.ok or a.correct is False),
+                     key=lambda a: (a.error_signature != state.signature, a.task_id != state.task_id))
+    fixes = memory.fixes_of(failing[:MAX_FIX_LOOKUPS]) if failing else {}
+    latest_id = state.latest.kernel_id if state.latest is not None else None
+    for kid, rec in attempts.items():
+        if kid == latest_id:
+            continue  # already in the hot tier as the latest feedback
+        if kid in fixes:
+            kind: Kind = "fix"
+        elif not rec.ok or rec.correct is False or rec.label in ("negative", "ineffective"):
+            kind = "pitfall"
+        elif rec.label in ("effective", "partial") and not rec.suspect:
+            kind = "case"  # a suspect measurement is never offered as what worked
+        else:
+            continue  # compiled but never measured: nothing to learn from yet
+        found[kid] = Candidate(kind=kind, item_id=kid, attempt=rec, fix=fixes.get(kid),
+                               bm25=bm25.get(kid, 0.0), cosine=cosine.get(kid, 0.0),
+                               reasons=reasons.get(kid, []))
+    for lid, lesson in lessons.items():
+        found[lid] = Candidate(kind="lesson", item_id=lid, lesson=lesson, bm25=bm25.get(lid, 0.0),
+                               cosine=cosine.get(lid, 0.0), reasons=reasons.get(lid, []))
+    return found

@@ -1,0 +1,76 @@
+"""Scores for query_experience's candidates (the second stage of the selection pipeline): relevance to the
+question and the state, times what was measured, times the phase's and the hardware's weight."""
+
+from __future__ import annotations
+
+from kope_mcp.memory.outcome import LABEL_PRIOR, gain_factor
+from kope_mcp.memory.records import LessonRecord
+from kope_mcp.memory.retrieval_index import hardware_rank
+from kope_mcp.services.candidates import Candidate, QueryState
+from kope_mcp.services.selection_config import SelectionConfig
+
+
+def score(cand: Candidate, state: QueryState, config: SelectionConfig) -> tuple[str, float] | None:
+    """(tier, score) of a candidate: relevance (words, scope, error) x quality (measured outcome) x the phase's
+    weight and the hardware's; None for what has nothing measured to teach."""
+    rec, lesson = cand.attempt, cand.lesson
+    task_id = rec.task_id if rec else (lesson.task_id if lesson else None)
+    family = rec.family if rec else (lesson.family if lesson else None)
+    hw = rec.hardware_key if rec else (lesson.hardware_key if lesson else None)
+    target = rec.target if rec else (lesson.target if lesson else None)
+    # Another backend's experience on the same family still carries the algorithm, not the code.
+    other_target = bool(state.target and target and target != state.target)
+    same_task = bool(task_id and task_id == state.task_id)
+    same_family = bool(family and family == state.family)
+    hw_rank = hardware_rank(hw, state.hardware_key)
+    same_hw = hw_rank == 3
+    same_sig = bool(rec and state.signature and rec.error_signature == state.signature)
+    relevance = config.base_relevance + config.bm25_weight * cand.bm25 + config.cosine_weight * max(0.0, cand.cosine)
+    relevance += config.same_task_bonus if same_task else config.same_family_bonus if same_family else 0.0
+    relevance += config.same_signature_bonus if same_sig else 0.0
+    if cand.kind == "case" and rec is not None:
+        quality = LABEL_PRIOR[rec.label] * (0.5 + min(rec.downstream, 3.0) / 3.0) * max(rec.confidence, 0.1)
+    elif cand.kind == "fix":
+        quality = config.fix_quality
+    elif cand.kind == "pitfall" and rec is not None:
+        # A kernel that broke is the pitfall worth a line; "slower" is measured, "no gain" says least.
+        broken = not rec.ok or rec.correct is False
+        quality = 0.6 if broken else (0.45 if rec.label == "negative" else 0.3) * rec.confidence
+    elif lesson is not None and fixes_the_error(lesson, cand, state, config):
+        quality = config.fix_quality
+    elif lesson is not None:
+        measured = lesson.verified or lesson.speedup is not None
+        quality = (LABEL_PRIOR.get(lesson.label, 0.5) if measured else LABEL_PRIOR["lesson"]) * \
+            max(lesson.confidence, 0.1)
+        if config.lesson_gain and lesson.label in ("effective", "partial") and lesson.speedup is not None:
+            quality *= 2 * gain_factor(lesson.speedup)  # a 6x win says more than a 1.02x tweak
+    else:
+        return None
+    fix_like = cand.kind == "fix" or (lesson is not None and quality == config.fix_quality)
+    multiplier = config.phase_weights[state.phase]["fix" if fix_like else cand.kind]
+    if (same_sig or fix_like) and cand.kind in ("fix", "pitfall", "lesson"):
+        multiplier *= 2.0
+    multiplier *= config.hardware_weight[hw_rank]
+    if other_target:
+        multiplier *= config.other_target_weight
+    score = round(relevance * quality * multiplier, 4)
+    local = (same_task or same_family or same_sig or fix_like or (cand.kind == "lesson" and task_id is None))
+    tier = "warm" if local and same_hw and not other_target else "cold"
+    why = list(dict.fromkeys(cand.reasons))
+    flags = (("same hardware", same_hw and hw is not None), ("other hardware", 0 < hw_rank < 3),
+             ("another kind of hardware", hw_rank == 0), ("fixes this error", fix_like),
+             (f"other backend ({target})", other_target),
+             (f"BM25 {cand.bm25:.2f}", cand.bm25 > 0), (f"cosine {cand.cosine:.2f}", cand.cosine > 0),
+             )
+    why += [w for w, on in flags if on]
+    if rec is not None and cand.kind == "case":
+        why.append(f"label {rec.label}, downstream {rec.downstream:.2f}, confidence {rec.confidence:.2f}")
+    cand.reasons = why
+    return tier, score
+
+
+def fixes_the_error(lesson: LessonRecord, cand: Candidate, state: QueryState, config: SelectionConfig) -> bool:
+    """A lesson recorded about a failure, asked about a failure, whose words match the question: the account of
+    how that error was mended, whatever task or family it came from."""
+    return (state.phase in ("compile_error", "incorrect") and lesson.label in ("compile_error", "incorrect")
+            and max(cand.bm25, cand.cosine) >= config.fix_text_match)

@@ -1,0 +1,95 @@
+"""Every weight of query_experience's active selection in one object, with named presets.
+
+The pipeline is candidates -> scores -> selection -> rendering (services/candidates.py, services/scoring.py,
+services/experience.py, services/context_render.py); each stage reads its knobs from a ``SelectionConfig``, so
+a benchmark compares configurations without editing code: ``KOPE_SELECTION=recency`` (a preset name) or
+``KOPE_SELECTION=/path/to/config.json`` (any fields; the rest from the default).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kope_mcp.errors import KopeError
+
+Kind = Literal["case", "fix", "pitfall", "lesson"]
+
+
+class InvalidSelectionError(KopeError):
+    code = "invalid_selection"
+
+
+_PHASE_WEIGHTS: dict[str, dict[str, float]] = {
+    "start": {"case": 1.5, "fix": 0.5, "pitfall": 1.0, "lesson": 1.0},
+    "compile_error": {"case": 0.5, "fix": 3.0, "pitfall": 1.0, "lesson": 0.8},
+    "incorrect": {"case": 0.6, "fix": 2.5, "pitfall": 1.5, "lesson": 1.0},
+    "optimize": {"case": 1.5, "fix": 0.4, "pitfall": 1.2, "lesson": 1.0},
+}
+
+
+class SelectionConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "evidence"
+    # --- candidates ---
+    candidates_per_source: int = Field(60, description="Per graph filter (task, family, signature, scope).")
+    full_text_hits: int = Field(100, description="Per BM25 index (strategies, lessons).")
+    lessons_by: Literal["evidence", "recency"] = Field(
+        "evidence", description="How scoped lessons become candidates: the strongest measured evidence for this "
+        "hardware first, or the newest (the behaviour before issue 16).")
+    text_query_has_task: bool = Field(False, description="Add the task id to the BM25 query (every lesson naming "
+                                      "the task then matches).")
+    # --- scores: relevance ---
+    base_relevance: float = 0.1
+    bm25_weight: float = 0.4
+    cosine_weight: float = 0.5
+    same_task_bonus: float = 0.6
+    same_family_bonus: float = 0.3
+    same_signature_bonus: float = 1.0
+    # --- scores: quality and multipliers ---
+    lesson_gain: bool = Field(True, description="A lesson with a measured speedup weighs by it (6x > 1.02x).")
+    fix_quality: float = Field(0.8, description="A recorded fix for the error at hand.")
+    fix_text_match: float = Field(0.3, description="A failure lesson answers an error when its BM25 or cosine "
+                                  "match reaches this.")
+    hardware_weight: dict[int, float] = Field(
+        default_factory=lambda: {3: 1.0, 2: 0.6, 1: 0.45, 0: 0.2},
+        description="By hardware_rank: 3 same machine, 2 same architecture, 1 same kind of device, 0 another kind "
+                    "(a GPU result for a CPU question).")
+    other_target_weight: float = 0.5
+    preferred_agent_boost: float = 1.5
+    phase_weights: dict[str, dict[str, float]] = Field(
+        default_factory=lambda: {phase: dict(weights) for phase, weights in _PHASE_WEIGHTS.items()},
+        description="Per phase, the weight of each kind of item (case, fix, pitfall, lesson).")
+    # --- selection ---
+    mmr_pool_per_item: int = Field(4, description="MMR considers the best N x the tier's item cap.")
+
+
+PRESETS: dict[str, SelectionConfig] = {
+    "evidence": SelectionConfig(),
+    # Before issue 16: scoped lessons by recency, lessons by label only, any other hardware x0.6, the task id in
+    # the BM25 query. Kept to measure against.
+    "recency": SelectionConfig(name="recency", lessons_by="recency", lesson_gain=False, text_query_has_task=True,
+                               hardware_weight={3: 1.0, 2: 0.6, 1: 0.6, 0: 0.6}),
+    # Words only: no scope or signature bonus (what BM25 and embeddings find on their own).
+    "text": SelectionConfig(name="text", same_task_bonus=0.0, same_family_bonus=0.0, same_signature_bonus=0.0),
+}
+
+
+def load_selection(spec: str | None) -> SelectionConfig:
+    """A preset name, or a JSON file of SelectionConfig fields; None or empty: the default."""
+    if not spec:
+        return PRESETS["evidence"]
+    if spec in PRESETS:
+        return PRESETS[spec]
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise InvalidSelectionError(f"KOPE_SELECTION={spec!r} is neither a preset ({', '.join(PRESETS)}) nor a "
+                                    "JSON file")
+    try:
+        return SelectionConfig.model_validate({"name": path.stem, **json.loads(path.read_text())})
+    except (ValueError, ValidationError) as exc:
+        raise InvalidSelectionError(f"{path}: not a selection config: {exc}") from None
