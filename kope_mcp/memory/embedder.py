@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,8 @@ class BackgroundEmbedder:
         self._error: str | None = None if enabled else "disabled by KOPE_EMBEDDINGS=off"
         self._ready = threading.Event()
         self._lock = threading.Lock()
+        self._waiting_lock = threading.Lock()
+        self._waiting = 0  # callers with a deadline waiting for the model
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -70,10 +73,28 @@ class BackgroundEmbedder:
         self._ready.wait(timeout)
         return self.available
 
-    def embed(self, texts: list[str]) -> list[list[float]] | None:
+    def embed(self, texts: list[str], wait: float | None = None) -> list[list[float]] | None:
+        """Normalised vectors, or None without a model, or when the model stayed busy (another caller's batch)
+        for longer than ``wait`` seconds (None: wait as long as it takes)."""
         if self._model is None:
             return None
-        with self._lock:  # the model is not safe to call from several threads at once
+        # The model is not safe to call from several threads at once. A caller with a deadline (a question) goes
+        # before waiting batches (the backlog): the lock itself is not fair.
+        if wait is not None:
+            with self._waiting_lock:
+                self._waiting += 1
+            try:
+                acquired = self._lock.acquire(timeout=wait)
+            finally:
+                with self._waiting_lock:
+                    self._waiting -= 1
+            if not acquired:
+                return None
+        else:
+            while self._waiting:
+                time.sleep(0.002)
+            self._lock.acquire()
+        try:
             # A question (a text or two) is fastest on one thread (fanning out costs more than it gains, and
             # other cores serve other calls); a backlog batch uses every core.
             threads = 1 if len(texts) <= 4 else self._threads
@@ -83,4 +104,6 @@ class BackgroundEmbedder:
                 torch.set_num_threads(threads)
                 self._current_threads = threads
             vectors = self._model.encode(texts, normalize_embeddings=True, batch_size=32, show_progress_bar=False)
+        finally:
+            self._lock.release()
         return [[float(x) for x in v] for v in vectors]

@@ -42,7 +42,7 @@ def source_hash(source: str) -> str:
 
 # Texts per model call in the background: large enough to amortise the write, small enough that a query waiting
 # for the model (one lock) waits a fraction of a second.
-EMBED_BATCH = 64
+EMBED_BATCH = 32
 
 
 class ExperienceMemory:
@@ -110,6 +110,21 @@ class ExperienceMemory:
             return "loading stored embeddings"
         return self.embedder.status
 
+    def queue_backlog(self) -> int:
+        """Queue every stored item that has no vector yet (at start, and after an import wrote many); returns
+        how many. Items already queued may be queued twice: the second write is a no-op MERGE."""
+        if not self.embedder.available:
+            return 0  # the worker queues the backlog itself once the model has loaded
+        items = self.store.unembedded(self.vectors.ids())
+        for item in items:
+            self._queue.put(item)
+        return len(items)
+
+    @property
+    def backlog(self) -> int:
+        """Items waiting for their embedding."""
+        return self._queue.qsize()
+
     def _embed_loop(self) -> None:
         self.load_vectors()
         while not self.embedder.wait(timeout=0.2):
@@ -117,8 +132,7 @@ class ExperienceMemory:
                 return  # shutting down before the model finished loading
         if not self.embedder.available:
             return
-        for kind, item_id, text in self.store.unembedded(self.vectors.ids()):
-            self._queue.put((kind, item_id, text))
+        self.queue_backlog()
         self._backlog_queued.set()
         while True:
             item = self._queue.get()

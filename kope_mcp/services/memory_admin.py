@@ -111,6 +111,8 @@ def import_memory(memory: ExperienceMemory, path: Path) -> ImportReport:
     finally:
         if importer.added.get("lesson"):
             memory.store.rebuild_text_index()
+    if importer.added:
+        memory.queue_backlog()  # a server importing embeds what it imported; `kope memory import` has no model
     return ImportReport(added=importer.added, skipped_existing=importer.skipped)
 
 

@@ -32,3 +32,17 @@ def test_a_lesson_is_found_by_meaning_when_no_word_matches(semantic):
     assert answer.semantic_search
     hit = next((i for i in answer.items if i.id == lesson.experience_id), None)
     assert hit is not None and "cosine" in hit.why
+
+
+def test_a_question_never_waits_behind_the_backlog_and_says_it_answered_without_embeddings(semantic):
+    workbench, service = semantic
+    model = workbench.memory.embedder
+    model._lock.acquire()  # a backlog batch holds the model (as while embedding thousands of imported lessons)
+    try:
+        answer = service.query_experience("keep working set small enough for the fastest memory", task_id="conv2d")
+    finally:
+        model._lock.release()
+    assert not answer.semantic_search
+    assert any("busy embedding" in w for w in answer.warnings), answer.warnings
+    again = service.query_experience("keep working set small enough for the fastest memory", task_id="conv2d")
+    assert again.semantic_search
