@@ -35,6 +35,9 @@ from kope_mcp.tasks.registry import TaskRegistry
 
 MAX_QUERY_CHARS = 2000
 MAX_LESSON_CHARS = 4000
+# The first question after a start waits for the in-memory index (seconds at 50k lessons) rather than answer
+# from bounded scans: the same memory must give the same answer.
+INDEX_WAIT_S = 30.0
 SECTION_HEADER_RESERVE = 60  # tokens kept free for the markdown headers when adding diffs
 
 
@@ -127,6 +130,8 @@ class ExperienceService:
         if len(query) > MAX_QUERY_CHARS:
             query = query[:MAX_QUERY_CHARS]
             warnings.append(f"the query was cut to its first {MAX_QUERY_CHARS} characters")
+        if self.memory.index_loading and not self.memory.wait_index(timeout=INDEX_WAIT_S):
+            warnings.append("the memory's index is still loading: candidates come from bounded scans this time")
         state = self._state(task_id, session_id, phase, hardware, backend)
         candidates = gather(self.memory, query, state, self.config)
         hot = self._hot_items(state)

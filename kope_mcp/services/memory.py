@@ -79,6 +79,11 @@ class ExperienceMemory:
     def load_index(self) -> None:
         self.index.load((summary_row(row) for row in self.store.attempt_summaries()), self.store.all_lessons())
 
+    @property
+    def index_loading(self) -> bool:
+        """The in-memory index is being built (started, not finished)."""
+        return self._loader is not None and not self.index.loaded
+
     def wait_index(self, timeout: float = 120.0) -> bool:
         if self._loader is not None:
             self._loader.join(timeout)
