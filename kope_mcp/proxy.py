@@ -249,7 +249,7 @@ def run_stdio_proxy(home: Path) -> None:
     )
 
     async def main() -> None:
-        async with stdio_server(*stdio_wire()) as (read, write):  # type: ignore[arg-type]
+        async with stdio_server(*stdio_wire(types.jsonrpc_message_adapter)) as (read, write):  # type: ignore[arg-type]
             await server.run(read, write, server.create_initialization_options())
 
     anyio.run(main)

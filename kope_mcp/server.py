@@ -43,10 +43,12 @@ class KopeMCPServer(MCPServer[AppState]):
 
     async def run_stdio_async(self) -> None:
         from mcp.server.stdio import stdio_server
+        from mcp.types import jsonrpc_message_adapter
 
         from kope_mcp.stdio_input import stdio_wire
 
-        async with stdio_server(*stdio_wire()) as (read_stream, write_stream):  # type: ignore[arg-type]
+        wire = stdio_wire(jsonrpc_message_adapter)
+        async with stdio_server(*wire) as (read_stream, write_stream):  # type: ignore[arg-type]
             await self._lowlevel_server.run(read_stream, write_stream,
                                             self._lowlevel_server.create_initialization_options())
 

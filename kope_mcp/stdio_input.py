@@ -18,8 +18,7 @@ import os
 from typing import Any
 
 import anyio
-import mcp.types as types
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 _SURROGATES = range(0xD800, 0xE000)
 PARSE_ERROR = -32700
@@ -48,11 +47,13 @@ def _replace(value: Any) -> Any:
     return value
 
 
-def malformed_answer(line: str) -> str | None:
+def malformed_answer(line: str, messages: TypeAdapter[Any]) -> str | None:
     """The JSON-RPC error answering a line the SDK cannot take (one JSON line), or None when the line is fine.
-    A notification-shaped mistake is still answered: the sender cannot be told any other way."""
+    ``messages`` is the SDK's own JSON-RPC message adapter (the transport layer passes it in, so this module
+    does not depend on MCP). A notification-shaped mistake is still answered: the sender cannot be told any
+    other way."""
     try:
-        types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        messages.validate_json(line, by_name=False)
         return None
     except ValidationError as exc:
         try:
@@ -99,13 +100,14 @@ class CleanStdin:
     """An async line iterator over the wire's stdin for ``stdio_server(stdin=...)``; malformed lines are answered
     on ``stdout`` and not passed on."""
 
-    def __init__(self, stdout: WireStdout | None = None) -> None:
+    def __init__(self, stdout: WireStdout | None = None, messages: TypeAdapter[Any] | None = None) -> None:
         wire = os.dup(0)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
         self._file = anyio.wrap_file(open(wire, encoding="utf-8", errors="replace", closefd=True))  # noqa: SIM115
         self._stdout = stdout
+        self._messages = messages
 
     def __aiter__(self) -> CleanStdin:
         return self
@@ -118,13 +120,14 @@ class CleanStdin:
             if not line.strip():
                 continue  # a blank line is no message and needs no answer
             line = clean_line(line)
-            answer = malformed_answer(line) if self._stdout is not None else None
+            answer = malformed_answer(line, self._messages) if self._messages is not None else None
             if answer is None:
                 return line
             await self._stdout.write(answer)  # type: ignore[union-attr]
 
 
-def stdio_wire() -> tuple[CleanStdin, WireStdout]:
-    """The (stdin, stdout) pair to pass to the SDK's ``stdio_server``."""
+def stdio_wire(messages: TypeAdapter[Any]) -> tuple[CleanStdin, WireStdout]:
+    """The (stdin, stdout) pair to pass to the SDK's ``stdio_server``; ``messages`` is the SDK's
+    ``jsonrpc_message_adapter``."""
     stdout = WireStdout()
-    return CleanStdin(stdout), stdout
+    return CleanStdin(stdout, messages), stdout
