@@ -28,7 +28,8 @@ from kope_mcp.hardware import detect_hardware
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.outcome import label_for
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
-from kope_mcp.memory.store import EMBEDDING_DIM, KuzuExperienceStore
+from kope_mcp.memory.schema import EMBEDDING_DIM
+from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.memory.strategies import strategy_key
 from kope_mcp.models import TestReport
 from kope_mcp.services.experience import ExperienceService

@@ -18,8 +18,9 @@ from kope_mcp.memory.outcome import downstream, label_for, measurement_confidenc
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
 from kope_mcp.memory.retrieval_index import RetrievalIndex, summary_row
 from kope_mcp.memory.rows import got_further
+from kope_mcp.memory.schema import EMBEDDING_DIM
 from kope_mcp.memory.signature import compile_signature, failure_signature
-from kope_mcp.memory.store import EMBEDDING_DIM, KuzuExperienceStore
+from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
 from kope_mcp.memory.vectors import VectorIndex
 from kope_mcp.models import ProfileReport, TestReport
