@@ -61,17 +61,18 @@ def test_an_attempt_for_a_missing_session_is_refused_not_silently_dropped(tmp_pa
 
 def test_a_version_1_home_upgrades_in_place_and_keeps_its_attempts(tmp_path, monkeypatch):
     import kope_mcp.memory.store as store_module
+    from kope_mcp.memory.rows import ATTEMPT_COLUMNS_V1
 
     monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:1])
     monkeypatch.setattr(store_module, "_SUMMARY_RETURN", ", ".join(
-        f"a.{c} AS {c}" for c in store_module.ATTEMPT_COLUMNS_V1 if c not in ("source", "search_text")))
+        f"a.{c} AS {c}" for c in ATTEMPT_COLUMNS_V1 if c not in ("source", "search_text")))
     old = KuzuExperienceStore(tmp_path / "memory.kuzu")
     old.upsert_task("relu", "elementwise", 1, "relu")
     old.upsert_hardware("hw", "x86_64", "cpu", 2, ["avx2"], [])
     old.add_session(SessionRecord(session_id="s-1", task_id="relu", hardware_key="hw",
                                   agent=AgentInfo(name="claude", version="1"), created_at="2026-01-01"))
     props = {k: v for k, v in attempt_props(make_attempt("k-1").model_copy(update={"label": "effective"})).items()
-             if k in store_module.ATTEMPT_COLUMNS_V1} | {"backend": "c", "uses_openmp": True}
+             if k in ATTEMPT_COLUMNS_V1} | {"backend": "c", "uses_openmp": True}
     old._exec("CREATE (a:Attempt {" + ", ".join(f"{k}: ${k}" for k in props) + "})", props)
     assert old.schema_version() == 1
     old.close()
