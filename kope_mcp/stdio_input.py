@@ -100,7 +100,7 @@ class CleanStdin:
     """An async line iterator over the wire's stdin for ``stdio_server(stdin=...)``; malformed lines are answered
     on ``stdout`` and not passed on."""
 
-    def __init__(self, stdout: WireStdout | None = None, messages: TypeAdapter[Any] | None = None) -> None:
+    def __init__(self, stdout: WireStdout, messages: TypeAdapter[Any]) -> None:
         wire = os.dup(0)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -120,10 +120,10 @@ class CleanStdin:
             if not line.strip():
                 continue  # a blank line is no message and needs no answer
             line = clean_line(line)
-            answer = malformed_answer(line, self._messages) if self._messages is not None else None
+            answer = malformed_answer(line, self._messages)
             if answer is None:
                 return line
-            await self._stdout.write(answer)  # type: ignore[union-attr]
+            await self._stdout.write(answer)
 
 
 def stdio_wire(messages: TypeAdapter[Any]) -> tuple[CleanStdin, WireStdout]:

@@ -34,7 +34,6 @@ from kope_mcp.services.selection_config import PRESETS, SelectionConfig
 from kope_mcp.tasks.registry import TaskRegistry
 
 MAX_QUERY_CHARS = 2000
-MAX_LESSON_CHARS = 4000
 # The first question after a start waits for the in-memory index (seconds at 50k lessons) rather than answer
 # from bounded scans: the same memory must give the same answer.
 INDEX_WAIT_S = 30.0
@@ -100,8 +99,8 @@ class ExperienceService:
             label, verified, confidence = "lesson", False, UNVERIFIED_CONFIDENCE
         family = self.tasks.get(task_id).spec.family if task_id else None
         record = LessonRecord(
-            lesson_id=new_id("x"), text=lesson.strip()[:MAX_LESSON_CHARS], strategy=canonical.name,
-            strategy_id=canonical.strategy_id, opt_layer=opt_layer, rationale=(rationale or "")[:MAX_LESSON_CHARS],
+            lesson_id=new_id("x"), text=lesson.strip(), strategy=canonical.name,
+            strategy_id=canonical.strategy_id, opt_layer=opt_layer, rationale=rationale or "",
             task_id=task_id, family=family,
             hardware_key=attempt.hardware_key if attempt else (hardware or None),
             target=attempt.target if attempt else None,
