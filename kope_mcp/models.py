@@ -220,20 +220,39 @@ class RecordResult(BaseModel):
 
 
 class ContextItem(BaseModel):
+    """One piece of `context`, with the data behind its text, so a program can read fields instead of markdown."""
+
     id: str
     tier: Literal["hot", "warm", "cold"]
     kind: Literal["target", "incumbent", "feedback", "case", "fix", "pitfall", "lesson"]
     score: float
-    tokens: int
+    tokens: int = Field(description="Tokens of its text (the encoding is the result's `token_encoding`).")
+    span: tuple[int, int] = Field((0, 0), description="Where its text lies in `context`: [start, end) characters.")
     target: str | None = Field(None, description="The backend the experience was gained with (c, triton, cuda).")
     why: str = Field(description="Why it was chosen: the filters, matches and measurements behind its score.")
+    strategy: str | None = Field(None, description="The change tried (for a fix, the change that failed).")
+    label: str | None = Field(None, description="The measured label: effective, partial, ineffective, negative, "
+                              "incorrect, compile_error, unmeasured; 'lesson' for an unmeasured lesson.")
+    speedup: float | None = Field(None, description="Versus the naive baseline.")
+    step_ratio: float | None = Field(None, description="Versus the kernel it changed (>1: faster).")
+    confidence: float | None = None
+    verified: bool | None = Field(None, description="Lessons: whether the outcome comes from a measurement.")
+    task_id: str | None = None
+    family: str | None = None
+    hardware: str | None = Field(None, description="The hardware key it was measured on.")
+    flags: list[str] = Field(default_factory=list)
+    error_signature: str | None = Field(None, description="Failures: the normalised compiler or test error.")
+    fix_strategy: str | None = Field(None, description="Fixes: the change that resolved the failure.")
+    fix_id: str | None = Field(None, description="Fixes: the kernel that resolved it.")
 
 
 class QueryResult(BaseModel):
     context: str = Field(description="Markdown ready to paste into the next prompt.")
     items: list[ContextItem]
-    tokens_used: int = Field(description="Estimated tokens of `context` (4 characters per token); <= the budget.")
+    tokens_used: int = Field(description="Tokens of `context` in `token_encoding`; <= the budget.")
     token_budget: int
+    token_encoding: str = Field(description="How tokens are counted: 'cl100k_base' (a real BPE encoding), or the "
+                                "calibrated character estimate when its file is unavailable.")
     phase: Phase = Field(description="The phase the selection was made for (given, or inferred from the session).")
     candidates: int = Field(description="Distinct experiences considered.")
     dropped: int = Field(description="Candidates left out (budget, caps, near-duplicates).")

@@ -22,7 +22,7 @@ from typing import Any
 from mcp import Client
 
 from kope_mcp.bench.candidates import BY_NAME, CHOICES, Kernel
-from kope_mcp.memory.selection import estimate_tokens
+from kope_mcp.memory.tokens import count_tokens
 
 POLICIES = ("none", "passive", "active")
 ACTIVE_BUDGET = 2000
@@ -104,7 +104,7 @@ async def _read_context(client: Client, policy: str, task_id: str, session_id: s
         return None
     if policy == "passive":
         text = "".join(getattr(c, "text", "") for c in (await client.read_resource("kope://memory/history")).contents)
-        run.context_tokens += estimate_tokens(text)  # the same estimate query_experience reports
+        run.context_tokens += count_tokens(text)  # the same estimate query_experience reports
         return text
     args: dict[str, Any] = {"query": f"what makes {task_id} faster and what breaks it", "task_id": task_id,
                             "token_budget": ACTIVE_BUDGET}

@@ -17,7 +17,6 @@ Caps (the paper gives no values; these are ours, and why):
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Set
@@ -32,18 +31,8 @@ PITFALL_MIN_ITEMS = 3
 STRATEGY_MAX_ITEMS = 2
 MMR_LAMBDA = 0.7
 NEAR_DUPLICATE = 0.9
-CHARS_PER_TOKEN = 4  # the usual estimate for English and code with BPE tokenizers
 
 _TOKEN = re.compile(r"[a-z0-9_]+")
-
-
-def estimate_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
-
-
-def truncate_to_tokens(text: str, tokens: int) -> str:
-    limit = max(0, tokens * CHARS_PER_TOKEN - 3)
-    return text if len(text) <= limit + 3 else text[:limit] + "..."
 
 
 def word_set(text: str) -> frozenset[str]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from kope_mcp.memory.selection import Scored, estimate_tokens, truncate_to_tokens
+from typing import Any, NamedTuple
+
+from kope_mcp.memory.records import AttemptRecord
+from kope_mcp.memory.selection import Scored
+from kope_mcp.memory.tokens import count_tokens, truncate_to_tokens
 from kope_mcp.models import ContextItem
 from kope_mcp.services.candidates import Candidate
 
@@ -69,47 +73,96 @@ def has_diff(cand: Candidate) -> bool:
         bool(cand.fix.diff_from_parent)
 
 
-def hot_section(hot: list[tuple[str, str, str]]) -> str:
-    return _SECTIONS[0][2] + "\n" + "\n".join(f"- {text}" for _, _, text in hot) if hot else ""
+class HotItem(NamedTuple):
+    """A hot-tier line (target, incumbent, latest feedback) and the data behind it."""
+
+    kind: str
+    item_id: str
+    text: str
+    data: dict[str, Any]
 
 
-def render_context(hot: list[tuple[str, str, str]], chosen: list[tuple[Scored, Candidate, str]],
+def hot_section(hot: list[HotItem]) -> str:
+    return _SECTIONS[0][2] + "\n" + "\n".join(f"- {h.text}" for h in hot) if hot else ""
+
+
+def render_context(hot: list[HotItem], chosen: list[tuple[Scored, Candidate, str]],
                    budget: int) -> tuple[str, list[ContextItem], int]:
     """Markdown grouped by tier and kind; drops the lowest items until headers and items fit the budget."""
     chosen = list(chosen)
     while True:
-        parts: list[str] = []
-        for tier, kind, header in _SECTIONS:
-            if tier == "hot":
-                if hot:
-                    parts.append(hot_section(hot))
-                continue
-            else:
-                lines = [s.text for s, c, t in chosen if t == tier and (kind is None or c.kind == kind)]
-            if lines:
-                parts.append(header + "\n" + "\n".join(lines))
-        context = "\n\n".join(parts)
-        used = estimate_tokens(context) if context else 0
+        context, spans = _assemble(hot, chosen)
+        used = count_tokens(context) if context else 0
         if used > budget and not chosen:
             # Only the hot tier is left and it does not fit: cut it rather than exceed the budget.
             context = truncate_to_tokens(context, budget)
-            used = estimate_tokens(context) if context else 0
+            used = count_tokens(context) if context else 0
+            spans = {key: (min(a, len(context)), min(b, len(context))) for key, (a, b) in spans.items()}
         if used <= budget or not chosen:
             break
         chosen.pop(min(range(len(chosen)), key=lambda i: chosen[i][0].score))
-    return context, items_for(hot, chosen), used
+    return context, items_for(hot, chosen, spans), used
 
 
-def items_for(hot: list[tuple[str, str, str]], chosen: list[tuple[Scored, Candidate, str]]) -> list[ContextItem]:
-    items = [ContextItem(id=i, tier="hot", kind=k, score=1.0, tokens=estimate_tokens(t),  # type: ignore[arg-type]
-                         why="required by the current state") for k, i, t in hot]
+def _assemble(hot: list[HotItem], chosen: list[tuple[Scored, Candidate, str]]
+              ) -> tuple[str, dict[tuple[str, str], tuple[int, int]]]:
+    """The context and where each item's text lies in it, keyed by (tier, id)."""
+    out: list[str] = []
+    spans: dict[tuple[str, str], tuple[int, int]] = {}
+    at = 0
+
+    def put(text: str, key: tuple[str, str] | None = None) -> None:
+        nonlocal at
+        if key is not None:
+            spans[key] = (at, at + len(text))
+        out.append(text)
+        at += len(text)
+
+    for tier, kind, header in _SECTIONS:
+        if tier == "hot":
+            lines = [(f"- {h.text}", ("hot", h.item_id)) for h in hot]
+        else:
+            lines = [(s.text, (tier, s.item_id)) for s, c, t in chosen
+                     if t == tier and (kind is None or c.kind == kind)]
+        if not lines:
+            continue
+        put("\n\n" if out else "")
+        put(header)
+        for text, key in lines:
+            put("\n")
+            put(text, key)
+    return "".join(out), spans
+
+
+def items_for(hot: list[HotItem], chosen: list[tuple[Scored, Candidate, str]],
+              spans: dict[tuple[str, str], tuple[int, int]]) -> list[ContextItem]:
+    items = [ContextItem(id=h.item_id, tier="hot", kind=h.kind, score=1.0,  # type: ignore[arg-type]
+                         tokens=count_tokens(h.text), span=spans.get(("hot", h.item_id), (0, 0)),
+                         why="required by the current state", **h.data) for h in hot]
     items += [ContextItem(id=s.item_id, tier=tier, kind=c.kind, score=s.score,  # type: ignore[arg-type]
-                          tokens=s.tokens, target=_target_of(c), why="; ".join(c.reasons) or "ranked by outcome")
+                          tokens=s.tokens, span=spans.get((tier, s.item_id), (0, 0)),
+                          why="; ".join(c.reasons) or "ranked by outcome", **item_data(c))
               for s, c, tier in chosen]
     return items
 
 
-def _target_of(cand: Candidate) -> str | None:
+def attempt_data(rec: AttemptRecord) -> dict[str, Any]:
+    """The fields of ContextItem an attempt fills."""
+    return {"target": rec.target, "strategy": rec.strategy, "label": rec.label, "speedup": rec.speedup,
+            "step_ratio": rec.step_ratio, "confidence": rec.confidence, "task_id": rec.task_id,
+            "family": rec.family, "hardware": rec.hardware_key, "flags": list(rec.flags),
+            "error_signature": rec.error_signature if not rec.ok or rec.correct is False else None}
+
+
+def item_data(cand: Candidate) -> dict[str, Any]:
+    """The data behind a candidate's line, as ContextItem fields."""
     if cand.attempt is not None:
-        return cand.attempt.target
-    return cand.lesson.target if cand.lesson is not None else None
+        data = attempt_data(cand.attempt)
+        if cand.kind == "fix" and cand.fix is not None:
+            data |= {"fix_strategy": cand.fix.strategy, "fix_id": cand.fix.kernel_id}
+        return data
+    lesson = cand.lesson
+    assert lesson is not None
+    return {"target": lesson.target, "strategy": lesson.strategy, "label": lesson.label, "speedup": lesson.speedup,
+            "step_ratio": lesson.step_ratio, "confidence": lesson.confidence, "verified": lesson.verified,
+            "task_id": lesson.task_id, "family": lesson.family, "hardware": lesson.hardware_key}

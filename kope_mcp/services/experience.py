@@ -17,17 +17,23 @@ from kope_mcp.memory.selection import (
     WARM_SHARE,
     Scored,
     cover,
-    estimate_tokens,
     mmr_order,
     pack,
     similarity_matrix,
-    truncate_to_tokens,
     word_set,
 )
 from kope_mcp.memory.strategies import strategy_key
+from kope_mcp.memory.tokens import count_tokens, token_counter, truncate_to_tokens
 from kope_mcp.models import Phase, QueryResult, RecordResult
 from kope_mcp.services.candidates import Candidate, Kind, QueryState, gather
-from kope_mcp.services.context_render import has_diff, hot_section, render_context, render_item
+from kope_mcp.services.context_render import (
+    HotItem,
+    attempt_data,
+    has_diff,
+    hot_section,
+    render_context,
+    render_item,
+)
 from kope_mcp.services.memory import ExperienceMemory, new_id, now
 from kope_mcp.services.scoring import score as score_candidate
 from kope_mcp.services.selection_config import PRESETS, SelectionConfig
@@ -160,9 +166,9 @@ class ExperienceService:
                 score = round(score * self.config.preferred_agent_boost, 4)
                 cand.reasons.append("preferred agent")
             text = render_item(cand, state.task_id)
-            scored[cand.item_id] = (Scored(cand.item_id, score, text, estimate_tokens(text), word_set(text)),
+            scored[cand.item_id] = (Scored(cand.item_id, score, text, count_tokens(text), word_set(text)),
                                     cand, tier)
-        hot_tokens = estimate_tokens(hot_section(hot)) + 1 if hot else 0
+        hot_tokens = count_tokens(hot_section(hot)) + 1 if hot else 0
         chosen: list[tuple[Scored, Candidate, str]] = []
         if hot_tokens > token_budget:
             warnings.append(f"the budget ({token_budget} tokens) is below the hot tier ({hot_tokens}); "
@@ -205,7 +211,8 @@ class ExperienceService:
             warnings.append(f"semantic search not available ({self.memory.semantic_status}); "
                             "selected by graph filters and BM25 only")
         return QueryResult(
-            context=context, items=items, tokens_used=used, token_budget=token_budget, phase=state.phase,
+            context=context, items=items, tokens_used=used, token_budget=token_budget,
+            token_encoding=token_counter().encoding, phase=state.phase,
             candidates=len(candidates), dropped=sum(dropped.values()),
             dropped_reasons={k: v for k, v in dropped.items() if v}, semantic_search=semantic,
             semantic_status=self.memory.semantic_status, warnings=warnings,
@@ -231,7 +238,7 @@ class ExperienceService:
             if not has_diff(cand) or spare <= 0:
                 continue
             text = render_item(cand, task_id, with_diff=True)
-            extra = estimate_tokens(text) - scored.tokens
+            extra = count_tokens(text) - scored.tokens
             if 0 < extra <= spare:
                 scored.text, scored.tokens = text, scored.tokens + extra
                 spare -= extra
@@ -262,20 +269,24 @@ class ExperienceService:
         return QueryState(phase=phase or inferred, task_id=task_id, family=family, hardware_key=hardware,
                           target=target, signature=signature, latest=latest, incumbent=incumbent)
 
-    def _hot_items(self, state: QueryState) -> list[tuple[str, str, str]]:
-        """(kind, id, text) of what the state requires: target, incumbent, latest feedback."""
-        hot: list[tuple[str, str, str]] = []
+    def _hot_items(self, state: QueryState) -> list[HotItem]:
+        """What the state requires: target, incumbent, latest feedback."""
+        hot: list[HotItem] = []
         if state.task_id:
             spec = self.tasks.get(state.task_id).spec
             backend = f", backend {state.target}" if state.target else ""
-            hot.append(("target", state.task_id, f"Target: `{spec.id}` ({spec.family}, level {spec.level}): "
-                        f"{spec.summary}. Hardware {state.hardware_key}{backend}. Phase: {state.phase}."))
+            hot.append(HotItem("target", state.task_id, f"Target: `{spec.id}` ({spec.family}, level {spec.level}): "
+                               f"{spec.summary}. Hardware {state.hardware_key}{backend}. Phase: {state.phase}.",
+                               {"task_id": spec.id, "family": spec.family, "hardware": state.hardware_key,
+                                "target": state.target}))
         if state.incumbent is not None:
             inc = state.incumbent
-            hot.append(("incumbent", inc.kernel_id, f"Incumbent: {inc.kernel_id}, {inc.speedup:.2f}x vs the naive "
-                        f"baseline ({inc.strategy or 'no strategy recorded'}; flags {' '.join(inc.flags) or '-'})."))
+            hot.append(HotItem("incumbent", inc.kernel_id, f"Incumbent: {inc.kernel_id}, {inc.speedup:.2f}x vs the "
+                               f"naive baseline ({inc.strategy or 'no strategy recorded'}; flags "
+                               f"{' '.join(inc.flags) or '-'}).", attempt_data(inc)))
         if state.latest is not None:
-            hot.append(("feedback", state.latest.kernel_id, _feedback(state.latest)))
+            hot.append(HotItem("feedback", state.latest.kernel_id, _feedback(state.latest),
+                               attempt_data(state.latest)))
         return hot
 
 
@@ -293,14 +304,14 @@ def _feedback(latest: AttemptRecord) -> str:
     return f"Latest: {latest.kernel_id} compiled; not tested yet (call run_tests)."
 
 
-def _truncate_hot(hot: list[tuple[str, str, str]], budget: int) -> list[tuple[str, str, str]]:
+def _truncate_hot(hot: list[HotItem], budget: int) -> list[HotItem]:
     out, left = [], budget - 4  # room for the section header
-    for kind, item_id, text in hot:
+    for item in hot:
         if left <= 0:
             break
-        text = truncate_to_tokens(text, left)
-        out.append((kind, item_id, text))
-        left -= estimate_tokens(text)
+        text = truncate_to_tokens(item.text, left)
+        out.append(item._replace(text=text))
+        left -= count_tokens(text)
     return out
 
 

@@ -8,7 +8,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from kope_mcp.memory.selection import estimate_tokens
+from kope_mcp.memory.tokens import count_tokens
 from kope_mcp.server import build_server
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import VECTOR_ADD_OK, make_settings
@@ -123,7 +123,7 @@ def test_the_whole_catalogue_reaches_the_model_in_under_2000_tokens_one_line_per
         async with Client(server) as client:
             result = await client.call_tool("list_tasks", {})
             text = "".join(block.text for block in result.content if block.type == "text")
-            assert estimate_tokens(text) < 2000, estimate_tokens(text)
+            assert count_tokens(text) < 2000, count_tokens(text)
             lines = result.structured_content["tasks"]
             assert len(lines) == result.structured_content["count"] == len(TASK_IDS) >= 53
             assert all("\n" not in line for line in lines)

@@ -1,11 +1,12 @@
 import numpy as np
 import pytest
 
-from kope_mcp.memory.selection import Scored, cover, estimate_tokens, mmr_order, pack, similarity_matrix, word_set
+from kope_mcp.memory.selection import Scored, cover, mmr_order, pack, similarity_matrix, word_set
+from kope_mcp.memory.tokens import count_tokens
 
 
 def item(item_id: str, score: float, text: str) -> Scored:
-    return Scored(item_id, score, text, estimate_tokens(text), word_set(text))
+    return Scored(item_id, score, text, count_tokens(text), word_set(text))
 
 
 def test_pack_never_exceeds_the_budget_and_lets_smaller_items_fill_gaps():

@@ -4,6 +4,7 @@ import pytest
 
 from kope_mcp.errors import UnknownKernelError, UnknownSessionError, UnknownTaskError
 from kope_mcp.memory.embedder import BackgroundEmbedder
+from kope_mcp.memory.tokens import CalibratedCharCounter, count_tokens
 from kope_mcp.services.experience import EmptyLessonError, ExperienceService
 from kope_mcp.services.memory import ExperienceMemory
 from kope_mcp.services.memory_admin import export_memory, import_memory
@@ -92,6 +93,55 @@ def test_tokens_used_never_exceed_the_budget(world, budget):
     ids, service = world
     answer = service.query_experience("faster sum", session_id=ids["session"], token_budget=budget)
     assert answer.tokens_used <= budget
+
+
+@pytest.mark.parametrize("budget", [60, 300, 2000])
+def test_tokens_used_is_the_real_cl100k_count_of_the_context(world, budget):
+    ids, service = world
+    answer = service.query_experience("faster sum", session_id=ids["session"], token_budget=budget)
+    assert answer.token_encoding == "cl100k_base"
+    assert answer.tokens_used == count_tokens(answer.context) <= budget
+
+
+def test_every_item_carries_its_data_and_where_its_text_lies_in_the_context(world):
+    ids, service = world
+    in_session = service.query_experience("faster sum", session_id=ids["session"], token_budget=4000)
+    incumbent = next(i for i in in_session.items if i.kind == "incumbent")
+    assert incumbent.id == ids["fast"] and incumbent.strategy == ACCUMULATOR_STRATEGY and incumbent.speedup
+    answer = service.query_experience("faster sum", task_id="sum_reduce", phase="optimize", token_budget=4000)
+    by_id = {i.id: i for i in answer.items}
+    for item in answer.items + in_session.items:
+        start, end = item.span
+        context = (answer if item in answer.items else in_session).context
+        assert 0 <= start < end <= len(context)
+        assert context[start:end].startswith("- ") and context[start - 1] == "\n"  # a line of its own
+    fast = by_id[ids["fast"]]
+    assert fast.kind == "case" and fast.strategy == ACCUMULATOR_STRATEGY and fast.task_id == "sum_reduce"
+    assert fast.family == "reduction" and fast.speedup and fast.step_ratio and fast.label and fast.hardware
+    assert fast.flags == ["-O3"] and ids["fast"] in answer.context[slice(*fast.span)]
+    wrong = by_id[ids["wrong"]]
+    assert wrong.kind == "pitfall" and wrong.label == "incorrect" and wrong.strategy == "drop the tail loop"
+    target = answer.items[0]
+    assert target.kind == "target" and target.task_id == "sum_reduce" and target.hardware
+    assert answer.context[slice(*target.span)].startswith("- Target: `sum_reduce`")
+
+
+def test_a_fix_item_names_the_change_that_failed_and_the_one_that_fixed_it(world, workbench):
+    ids, service = world
+    stuck = workbench.compile_kernel("dot", SUM_BROKEN.replace("const float *x, float *out",
+                                                               "const float *x, const float *y, float *out"))
+    answer = service.query_experience("it does not compile", session_id=stuck.session_id, token_budget=800)
+    fix = next(i for i in answer.items if i.kind == "fix")
+    assert fix.strategy == ACCUMULATOR_STRATEGY and fix.label == "compile_error" and fix.error_signature
+    assert fix.fix_id == ids["fast"] and fix.fix_strategy == ACCUMULATOR_STRATEGY
+
+
+def test_the_fallback_estimate_never_counts_fewer_tokens_than_cl100k_on_real_contexts(world):
+    ids, service = world
+    texts = [service.history()] + [
+        service.query_experience(q, session_id=ids["session"], token_budget=b).context
+        for q in ("faster sum", "it does not compile", "wrong results at the tail") for b in (200, 2000, 8000)]
+    assert all(CalibratedCharCounter().count(t) >= count_tokens(t) for t in texts if t)
 
 
 def test_a_budget_below_the_hot_tier_returns_it_truncated_with_a_warning(world):
