@@ -223,7 +223,8 @@ class ContextItem(BaseModel):
     """One piece of `context`, with the data behind its text, so a program can read fields instead of markdown."""
 
     id: str
-    tier: Literal["hot", "warm", "cold"]
+    tier: Literal["hot", "warm", "cold", "history"] = Field(description="hot: your state; warm: this task, family "
+                                                            "or error here; cold: elsewhere; history: unselected.")
     kind: Literal["target", "incumbent", "feedback", "case", "fix", "pitfall", "lesson"]
     score: float
     tokens: int = Field(description="Tokens of its text (the encoding is the result's `token_encoding`).")
@@ -260,3 +261,13 @@ class QueryResult(BaseModel):
     semantic_search: bool = Field(description="Whether embeddings were used (False while the model loads).")
     semantic_status: str
     warnings: list[str]
+
+
+class MemoryHistory(BaseModel):
+    """The whole memory, oldest first (resource kope://memory/history.json): what an agent that pastes its entire
+    history would read, with the data behind each line."""
+
+    context: str
+    items: list[ContextItem]
+    tokens: int
+    token_encoding: str

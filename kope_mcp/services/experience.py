@@ -24,13 +24,14 @@ from kope_mcp.memory.selection import (
 )
 from kope_mcp.memory.strategies import strategy_key
 from kope_mcp.memory.tokens import count_tokens, token_counter, truncate_to_tokens
-from kope_mcp.models import Phase, QueryResult, RecordResult
+from kope_mcp.models import ContextItem, MemoryHistory, Phase, QueryResult, RecordResult
 from kope_mcp.services.candidates import Candidate, Kind, QueryState, gather
 from kope_mcp.services.context_render import (
     HotItem,
     attempt_data,
     has_diff,
     hot_section,
+    item_data,
     render_context,
     render_item,
 )
@@ -218,19 +219,31 @@ class ExperienceService:
             semantic_status=self.memory.semantic_status, warnings=warnings,
         )
 
-    def history(self) -> str:
+    def history(self) -> MemoryHistory:
         """Every measured or failed attempt and every lesson, oldest first, one line each: the whole memory as
         an agent that keeps its own transcript would paste it (the baseline active selection is measured
-        against)."""
-        lines = ["# Every recorded attempt and lesson, oldest first"]
+        against), with the data behind each line."""
+        lines: list[tuple[str, Candidate]] = []
         for rec in sorted(self.store.all_attempts(), key=lambda r: r.created_at):
             kind: Kind = "case" if rec.speedup is not None else "pitfall"
             if rec.speedup is None and rec.ok and rec.correct is not False:
                 continue  # compiled, never measured: nothing learned yet
-            lines.append(render_item(Candidate(kind=kind, item_id=rec.kernel_id, attempt=rec), None))
+            cand = Candidate(kind=kind, item_id=rec.kernel_id, attempt=rec)
+            lines.append((render_item(cand, None), cand))
         for lesson in sorted(self.store.all_lessons(), key=lambda x: x.created_at):
-            lines.append(render_item(Candidate(kind="lesson", item_id=lesson.lesson_id, lesson=lesson), None))
-        return "\n".join(lines) + "\n"
+            cand = Candidate(kind="lesson", item_id=lesson.lesson_id, lesson=lesson)
+            lines.append((render_item(cand, None), cand))
+        text = "# Every recorded attempt and lesson, oldest first"
+        items: list[ContextItem] = []
+        for line, cand in lines:
+            text += "\n"
+            items.append(ContextItem(id=cand.item_id, tier="history", kind=cand.kind, score=0.0,
+                                     tokens=count_tokens(line), span=(len(text), len(text) + len(line)),
+                                     why="the whole memory, oldest first", **item_data(cand)))
+            text += line
+        text += "\n"
+        return MemoryHistory(context=text, items=items, tokens=count_tokens(text),
+                             token_encoding=token_counter().encoding)
 
     def _add_diffs(self, chosen: list[tuple[Scored, Candidate, str]], task_id: str | None, spare: int) -> None:
         """Give the best chosen cases and fixes their before/after diff while the spare budget allows."""

@@ -85,7 +85,15 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
     def memory_history_resource() -> str:
         """Every recorded attempt and lesson, one line each, oldest first. Large: prefer query_experience, which
         selects what matters for your current state within a token budget."""
-        return live.get().experience.history()
+        return live.get().experience.history().context
+
+    @server.resource("kope://memory/history.json", name="memory_history_json",
+                     title="The whole experience memory, with the data behind each line",
+                     mime_type="application/json")
+    def memory_history_json_resource() -> str:
+        """kope://memory/history as data: the markdown, and per line its span, kind, strategy, label, speedup,
+        task, family and hardware (the fields of query_experience's items). For programs, not prompts."""
+        return live.get().experience.history().model_dump_json()
 
     @server.resource("kope://memory/stats", name="memory_stats", title="Experience memory statistics",
                      mime_type="application/json")

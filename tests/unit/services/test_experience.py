@@ -138,10 +138,21 @@ def test_a_fix_item_names_the_change_that_failed_and_the_one_that_fixed_it(world
 
 def test_the_fallback_estimate_never_counts_fewer_tokens_than_cl100k_on_real_contexts(world):
     ids, service = world
-    texts = [service.history()] + [
+    texts = [service.history().context] + [
         service.query_experience(q, session_id=ids["session"], token_budget=b).context
         for q in ("faster sum", "it does not compile", "wrong results at the tail") for b in (200, 2000, 8000)]
     assert all(CalibratedCharCounter().count(t) >= count_tokens(t) for t in texts if t)
+
+
+def test_the_history_lists_every_outcome_oldest_first_with_its_data_and_span(world):
+    ids, service = world
+    history = service.history()
+    assert history.tokens == count_tokens(history.context) and history.token_encoding == "cl100k_base"
+    by_id = {i.id: i for i in history.items}
+    assert {ids["fast"], ids["wrong"], ids["broken"]} <= set(by_id)
+    for item in history.items:
+        assert history.context[item.span[0] - 1] == "\n" and history.context[slice(*item.span)].startswith("- ")
+    assert by_id[ids["broken"]].label == "compile_error" and by_id[ids["fast"]].speedup
 
 
 def test_a_budget_below_the_hot_tier_returns_it_truncated_with_a_warning(world):
