@@ -1,20 +1,24 @@
 """A scripted agent that works the KOPE loop through the MCP tools only: query -> choose -> compile -> test ->
 profile -> record, keeping the incumbent only when a correct candidate is measurably faster.
 
-Policies differ only in what they read before choosing:
+Arms differ only in what the agent reads before choosing:
 - ``none``: nothing; a seeded random order of strategies;
-- ``passive``: the whole memory (resource kope://memory/history) every iteration, as an agent that pastes its
-  entire history into its own context;
-- ``active``: query_experience with a token budget (active context selection).
-``passive`` and ``active`` parse what they read with the same code (the context lines the server renders),
-so the difference is what the memory hands them, not how they read it.
+- ``static``: the warm-up's global strategy order (every measured outcome pooled, no task or family), read once;
+- ``passive@W``: the whole memory (resource kope://memory/history.json) every iteration, as an agent that pastes
+  its entire history into its own context;
+- ``active@W``: query_experience with a token budget (active context selection).
+The agent keeps a chat transcript bounded to W tokens (transcript.py: its task, what it read, the kernels it
+wrote and the tools' answers) and acts only on the memory items still inside it, reading their data fields
+(strategy, label, step ratio, task, family, hardware), never the markdown. ``passive`` and ``active`` are read
+by the same code, so the difference is what the memory hands them and what fits in the window.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,16 +26,26 @@ from typing import Any
 from mcp import Client
 
 from kope_mcp.bench.candidates import BY_NAME, CHOICES, Kernel
-from kope_mcp.memory.tokens import count_tokens
+from kope_mcp.bench.transcript import WINDOWS, Transcript
 
-POLICIES = ("none", "passive", "active")
 ACTIVE_BUDGET = 2000
+WIN_LABELS = ("effective", "partial")
+BROKEN_LABELS = ("compile_error", "incorrect")
 
-_CASE = re.compile(r"^- \[(?P<label>[\w-]+), step x(?P<step>[\d.]+), (?P<speedup>[\d.]+)x vs naive, confidence "
-                   r"(?P<conf>[\d.]+)\] (?P<task>[\w-]+)(?: \((?P<family>[\w-]+)\))?: (?P<strategy>.+?); flags", re.M)
-_FIXED = re.compile(r"^- (?P<task>[\w-]+)(?: \((?P<family>[\w-]+)\))?: (?P<strategy>.+?) failed with `", re.M)
-_AVOID = re.compile(r"^- AVOID (?P<strategy>.+?) on (?P<task>[\w-]+)(?: \((?P<family>[\w-]+)\))?: "
-                    r"(?P<outcome>.+?) \(k-", re.M)
+
+def arms(windows: tuple[int, ...] = WINDOWS) -> tuple[str, ...]:
+    """The bench's arms: the controls, then each memory policy at each pre-registered window."""
+    return ("none", "static", *(f"{p}@{w // 1000}k" for w in windows for p in ("passive", "active")))
+
+
+def parse_arm(arm: str) -> tuple[str, int | None]:
+    """'active@32k' -> ('active', 32000); controls have no window."""
+    policy, _, window = arm.partition("@")
+    return policy, int(window.removesuffix("k")) * 1000 if window else None
+
+
+SYSTEM = ("You optimise a C kernel with the kope-mcp tools: choose a strategy from what you remember, compile, "
+          "test, profile, keep the fastest correct kernel, and record what you learned.")
 
 
 class ToolFailed(RuntimeError):
@@ -49,7 +63,12 @@ class TaskRun:
     first_correct: int | None = None
     best_speedup: float = 1.0
     best_by_attempt: list[float] = field(default_factory=list)
-    context_tokens: int = 0
+    context_tokens: int = 0  # real tokens read from the memory (before the window cut them)
+    peak_tokens: int = 0  # the transcript's largest size
+    dropped_tokens: int = 0  # what the window lost
+    items_seen: list[int] = field(default_factory=list)  # memory items inside the window at each choice
+    load: list[float] = field(default_factory=list)  # the 1-minute load average at each attempt
+    hardware: str | None = None
     seconds: float = 0.0
     outcomes: dict[str, int] = field(default_factory=dict)
     strategies: list[str] = field(default_factory=list)
@@ -59,36 +78,51 @@ class TaskRun:
         return self.first_correct is not None
 
 
-def evidence(context: str, family: str, task_id: str) -> dict[str, float]:
-    """A score per strategy from rendered memory: measured steps (log of the step ratio, weighted by confidence,
-    counted double on this family) minus failures. Unknown strategies are absent (score 0)."""
+def evidence(items: list[dict[str, Any]], family: str, task_id: str, hardware: str | None = None,
+             local_only: bool = True) -> dict[str, float]:
+    """A score per strategy from memory items: measured steps (log of the step ratio, weighted by confidence)
+    minus failures. What a reader weighs by itself is only what any reader would: evidence about this task or
+    family counts fully, elsewhere a quarter (``local_only=False``: everything counts fully), and other hardware
+    half. Unknown strategies are absent (score 0)."""
     scores: dict[str, float] = {}
-    for m in _CASE.finditer(context):
-        name = m["strategy"].strip().lower()
-        weight = float(m["conf"]) * (2.0 if (m["family"] or family) == family or m["task"] == task_id else 0.5)
-        scores[name] = scores.get(name, 0.0) + weight * math.log(max(float(m["step"]), 1e-3))
-    for m in _AVOID.finditer(context):
-        name = m["strategy"].strip().lower()
-        local = (m["family"] or family) == family or m["task"] == task_id
-        broken = m["outcome"].startswith(("did not compile", "wrong results"))
-        scores[name] = scores.get(name, 0.0) - (1.0 if broken else 0.3) * (1.0 if local else 0.4)
-    for m in _FIXED.finditer(context):
-        # It broke, though it could be repaired: an attempt lost, and the repair may still not pay off.
-        name = m["strategy"].strip().lower()
-        local = (m["family"] or family) == family or m["task"] == task_id
-        scores[name] = scores.get(name, 0.0) - 0.5 * (1.0 if local else 0.4)
+    for item in items:
+        name = (item.get("strategy") or "").strip().lower()
+        if not name or item.get("kind") in ("target", "incumbent", "feedback"):
+            continue
+        local = item.get("task_id") == task_id or item.get("family") == family or not local_only
+        weight = (1.0 if local else 0.25) * (0.5 if hardware and item.get("hardware") not in (None, hardware)
+                                            else 1.0)
+        label, step = item.get("label"), item.get("step_ratio")
+        if item.get("kind") == "fix":
+            # It broke, though it could be repaired: an attempt lost, and the repair may still not pay off.
+            scores[name] = scores.get(name, 0.0) - 0.5 * weight
+        elif label in BROKEN_LABELS:
+            scores[name] = scores.get(name, 0.0) - 1.0 * weight
+        elif step is not None and label not in ("unmeasured", "lesson"):
+            gain = math.log(max(float(step), 1e-3)) * float(item.get("confidence") or 0.5)
+            scores[name] = scores.get(name, 0.0) + weight * (gain if label in WIN_LABELS or gain < 0 else 0.0) \
+                - (0.3 * weight if label == "negative" else 0.0)
     return scores
 
 
-def order(policy: str, context: str | None, family: str, task_id: str, rng: random.Random,
-          tried: set[str]) -> list[str]:
+def order(policy: str, items: list[dict[str, Any]] | None, family: str, task_id: str, rng: random.Random,
+          tried: set[str], hardware: str | None = None, static: list[str] | None = None) -> list[str]:
     """Strategies to try next, best first."""
     untried = [s for s in CHOICES if s not in tried]
     rng.shuffle(untried)  # the seeded tie-break (and the whole order for `none`)
-    if policy == "none" or not context:
+    if policy == "static" and static is not None:
+        rank = {name: i for i, name in enumerate(static)}
+        return sorted(untried, key=lambda s: rank.get(s.lower(), len(rank)))
+    if policy == "none" or not items:
         return untried
-    scores = evidence(context, family, task_id)
+    scores = evidence(items, family, task_id, hardware)
     return sorted(untried, key=lambda s: -scores.get(s.lower(), 0.0))
+
+
+def static_order(history: dict[str, Any]) -> list[str]:
+    """The warm-up's global strategy order: every measured outcome pooled, whatever its task (best first)."""
+    scores = evidence(history["items"], family="", task_id="", local_only=False)
+    return sorted(scores, key=lambda name: -scores[name])
 
 
 async def call_tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
@@ -98,29 +132,40 @@ async def call_tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
     return result.structured_content
 
 
-async def _read_context(client: Client, policy: str, task_id: str, session_id: str | None,
-                        run: TaskRun) -> str | None:
-    if policy == "none":
-        return None
+async def _read_memory(client: Client, policy: str, task_id: str, session_id: str | None,
+                       transcript: Transcript) -> None:
+    """Put what the policy reads into the transcript (with its items); the window does the rest."""
     if policy == "passive":
-        text = "".join(getattr(c, "text", "") for c in (await client.read_resource("kope://memory/history")).contents)
-        run.context_tokens += count_tokens(text)  # the same estimate query_experience reports
-        return text
+        raw = "".join(getattr(c, "text", "") for c in
+                      (await client.read_resource("kope://memory/history.json")).contents)
+        history = json.loads(raw)
+        transcript.add("user", history["context"], items=[i for i in history["items"]])
+        return
     args: dict[str, Any] = {"query": f"what makes {task_id} faster and what breaks it", "task_id": task_id,
                             "token_budget": ACTIVE_BUDGET}
     if session_id:
         args["session_id"] = session_id
     answer = await call_tool(client, "query_experience", **args)
-    run.context_tokens += int(answer["tokens_used"])
-    return str(answer["context"])
+    transcript.add("user", str(answer["context"]), items=list(answer["items"]))
 
 
-async def run_task(client: Client, task_id: str, policy: str, budget: int, seed: int) -> TaskRun:
+async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: int,
+                   static: list[str] | None = None) -> TaskRun:
     """Work one task with `budget` attempts; every outcome goes through (and into) the server's memory."""
     started = time.monotonic()
+    policy, window = parse_arm(arm)
     task = await call_tool(client, "get_task", task_id=task_id)
-    run = TaskRun(task_id=task_id, family=task["family"], policy=policy, seed=seed, budget=budget)
-    rng = random.Random(f"{seed}/{policy}/{task_id}")
+    run = TaskRun(task_id=task_id, family=task["family"], policy=arm, seed=seed, budget=budget)
+    rng = random.Random(f"{seed}/{arm}/{task_id}")
+    transcript = Transcript(window)
+    transcript.add("system", SYSTEM, pinned=True)
+    transcript.add("user", f"Task {task_id} ({task['family']}): {task.get('description', '')}\n"
+                   f"{task.get('baseline_source') or ''}", pinned=True)
+    if policy == "static" and static is not None:
+        # Read once: the order itself is what the agent keeps.
+        transcript.add("user", "Strategies in the order that paid off most during the warm-up: "
+                       + "; ".join(static))
+        run.context_tokens += transcript.messages[-1].tokens
     incumbent = Kernel(task["baseline_source"] or "", ())
     # The naive kernel is compiled first (not an attempt: it is where every task starts) so that candidates name
     # it as their parent. Without a parent the server links a candidate to the session's latest attempt, and a
@@ -138,8 +183,14 @@ async def run_task(client: Client, task_id: str, policy: str, budget: int, seed:
         if pending is not None:
             (name, base, parent_id), pending = pending, None
         else:
-            context = await _read_context(client, policy, task_id, session_id, run)
-            name = next((s for s in order(policy, context, run.family, task_id, rng, tried)
+            items: list[dict[str, Any]] | None = None
+            if policy in ("passive", "active"):
+                before = transcript.tokens + transcript.dropped_tokens
+                await _read_memory(client, policy, task_id, session_id, transcript)
+                run.context_tokens += transcript.tokens + transcript.dropped_tokens - before
+                items = transcript.visible_items()
+                run.items_seen.append(len(items))
+            name = next((s for s in order(policy, items, run.family, task_id, rng, tried, run.hardware, static)
                          if BY_NAME[s].apply(incumbent) is not None), "")
             if not name:
                 break  # nothing left that applies
@@ -151,8 +202,11 @@ async def run_task(client: Client, task_id: str, policy: str, budget: int, seed:
             continue
         run.attempts += 1
         run.strategies.append(name)
+        run.load.append(round(os.getloadavg()[0], 2))
         outcome, kernel_id, session_id, speedup = await attempt(client, task_id, candidate, name, session_id,
-                                                                  parent_id, run.best_speedup)
+                                                                  parent_id, run.best_speedup, transcript)
+        if run.hardware is None:
+            run.hardware = transcript.hardware
         run.outcomes[outcome] = run.outcomes.get(outcome, 0) + 1
         if outcome == "compile_error" and strategy.fix:
             pending = (strategy.fix, candidate, kernel_id)
@@ -163,11 +217,13 @@ async def run_task(client: Client, task_id: str, policy: str, budget: int, seed:
         run.best_by_attempt.append(run.best_speedup)
         await _record(client, kernel_id, name, task_id, outcome, speedup, strategy.rationale)
     run.seconds = time.monotonic() - started
+    run.peak_tokens, run.dropped_tokens = transcript.peak_tokens, transcript.dropped_tokens
     return run
 
 
 async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, session_id: str | None,
-                   parent_id: str | None, incumbent_speedup: float) -> tuple[str, str, str, float | None]:
+                   parent_id: str | None, incumbent_speedup: float,
+                   transcript: Transcript | None = None) -> tuple[str, str, str, float | None]:
     """compile -> test -> profile; "faster" means measurably faster than the incumbent (the lower end of the
     speedup's 95% CI above the incumbent's speedup), "correct" means passed but not better."""
     args: dict[str, Any] = {"task_id": task_id, "source": kernel.source, "strategy": strategy,
@@ -176,15 +232,24 @@ async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, s
         args["session_id"] = session_id
     if parent_id:
         args["parent_id"] = parent_id
-    compiled = await call_tool(client, "compile_kernel", **args)
+    def said(result: dict[str, Any]) -> dict[str, Any]:
+        if transcript is not None:  # what a model would have in its chat: its kernel and the tools' answers
+            transcript.add("tool", json.dumps(result))
+        return result
+
+    if transcript is not None:
+        transcript.add("assistant", f"{strategy}, flags {' '.join(kernel.flags)}:\n{kernel.source}")
+    compiled = said(await call_tool(client, "compile_kernel", **args))
     kernel_id, session_id = compiled["kernel_id"], compiled["session_id"]
     if not compiled["ok"]:
         return "compile_error", kernel_id, session_id, None
-    tested = await call_tool(client, "run_tests", kernel_id=kernel_id)
+    tested = said(await call_tool(client, "run_tests", kernel_id=kernel_id))
     if not tested["passed"]:
         return "incorrect", kernel_id, session_id, None
     # The agent compares against the baseline only; timing the numpy reference too would cost a third more.
-    profile = await call_tool(client, "profile_kernel", kernel_id=kernel_id, time_reference=False)
+    profile = said(await call_tool(client, "profile_kernel", kernel_id=kernel_id, time_reference=False))
+    if transcript is not None:
+        transcript.hardware = (profile.get("hardware") or {}).get("key")
     if profile.get("failure") == "timing_unverified":
         return "correct", kernel_id, session_id, None  # nothing measured that can be trusted
     if profile.get("failure"):

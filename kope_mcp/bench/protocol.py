@@ -10,6 +10,7 @@ Every agent talks to a real `kope serve` over stdio (owning its home, --no-daemo
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -24,7 +25,8 @@ from typing import Protocol
 from mcp import Client, StdioServerParameters
 from mcp.types import Implementation
 
-from kope_mcp.bench.agent import POLICIES, TaskRun, run_task
+from kope_mcp.bench.agent import TaskRun, arms, run_task, static_order
+from kope_mcp.bench.transcript import WINDOWS
 
 QUICK_FAMILIES = ("activation", "reduction", "normalization")
 
@@ -38,6 +40,11 @@ class BenchConfig:
     per_family: int | None = None  # cap on tasks per family and side (quick mode)
     profile_s: float = 0.2
     embeddings: bool = False
+    windows: tuple[int, ...] = WINDOWS  # the context windows (tokens) the memory policies are read through
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return arms(self.windows)
 
 
 @dataclass
@@ -47,6 +54,7 @@ class SeedResult:
     held_out: list[str]
     runs: dict[str, list[TaskRun]] = field(default_factory=dict)
     warmup_seconds: float = 0.0
+    static_order: list[str] = field(default_factory=list)
 
 
 class Progress(Protocol):
@@ -79,13 +87,14 @@ def _server(home: Path, config: BenchConfig) -> StdioServerParameters:
 
 
 async def _run_tasks(home: Path, config: BenchConfig, policy: str, task_ids: list[str], seed: int,
-                     progress: Progress, label: str | None = None) -> list[TaskRun]:
+                     progress: Progress, label: str | None = None, static: list[str] | None = None
+                     ) -> list[TaskRun]:
     runs: list[TaskRun] = []
     label = label or f"seed {seed} {policy}"
     async with Client(_server(home, config), client_info=Implementation(name=f"bench-{policy}", version="1")) as c:
         for i, task_id in enumerate(task_ids, 1):
             progress.started(label, task_id)
-            run = await run_task(c, task_id, policy, config.budget, seed)
+            run = await run_task(c, task_id, policy, config.budget, seed, static)
             runs.append(run)
             progress.finished(f"{label:<16} [{i:>2}/{len(task_ids)}] {task_id:<22} "
                               f"{'solved' if run.solved else 'FAILED':<6} best {run.best_speedup:6.2f}x  "
@@ -109,13 +118,21 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
     progress.note(f"seed {seed}: warming the memory on {len(warm)} tasks, {len(held)} held out")
     await _run_tasks(warm_home, config, "none", warm, seed + 10_000, progress, f"seed {seed} warm-up")
     result.warmup_seconds = time.monotonic() - started
-    for policy in POLICIES:
-        home = root / policy
+    result.static_order = await _static_order(warm_home, config)
+    for arm in config.arms:
+        home = root / arm.replace("@", "-")
         shutil.copytree(warm_home, home, ignore=shutil.ignore_patterns("daemon"))
-        result.runs[policy] = await _run_tasks(home, config, policy, held, seed, progress)
+        result.runs[arm] = await _run_tasks(home, config, arm, held, seed, progress, static=result.static_order)
     return result
+
+
+async def _static_order(home: Path, config: BenchConfig) -> list[str]:
+    async with Client(_server(home, config), client_info=Implementation(name="bench-static", version="1")) as c:
+        raw = "".join(getattr(x, "text", "") for x in (await c.read_resource("kope://memory/history.json")).contents)
+    return static_order(json.loads(raw))
 
 
 def to_json(results: list[SeedResult]) -> list[dict[str, object]]:
     return [{"seed": r.seed, "warmup": r.warmup, "held_out": r.held_out, "warmup_seconds": r.warmup_seconds,
+             "static_order": r.static_order,
              "runs": {p: [asdict(run) for run in runs] for p, runs in r.runs.items()}} for r in results]

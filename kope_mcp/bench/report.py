@@ -7,7 +7,16 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from kope_mcp.bench.agent import POLICIES, TaskRun
+from kope_mcp.bench.agent import TaskRun, arms
+from kope_mcp.bench.metrics import (
+    area_under_best,
+    attempts_to_near_best,
+    best_known,
+    failed_attempts,
+    first_attempt_correct,
+    paired,
+    reach_at,
+)
 from kope_mcp.bench.protocol import SeedResult
 
 
@@ -39,9 +48,12 @@ def seed_figures(result: SeedResult) -> tuple[dict[str, PolicyFigures], float, i
             seconds=sum(r.seconds for r in runs),
         )
     by_task = {p: {r.task_id: r.best_speedup for r in runs} for p, runs in result.runs.items()}
-    paired = geomean([by_task["active"][t] / by_task["none"][t] for t in common]) \
-        if "active" in by_task and "none" in by_task else float("nan")
-    return figures, paired, len(common)
+    active = [arm for arm in by_task if arm.startswith("active")]
+    # The widest window's active arm: the one least limited by the reader.
+    arm = active[-1] if active else None
+    ratio = geomean([by_task[arm][t] / by_task["none"][t] for t in common]) \
+        if arm is not None and "none" in by_task else float("nan")
+    return figures, ratio, len(common)
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -75,14 +87,14 @@ def catalogue_table(applies: dict[str, dict[str, int]], tasks_per_family: dict[s
 
 
 def markdown(results: list[SeedResult], budget: int, wall_s: float,
-             catalogue: list[str] | None = None) -> str:
+             catalogue: list[str] | None = None, policies: tuple[str, ...] = arms()) -> str:
     per_seed = [seed_figures(r) for r in results]
     lines = [f"# KOPE ablation on the CPU suite ({len(results)} seed(s), budget {budget} attempts per task)", "",
              f"Held-out tasks per seed: {len(results[0].held_out)}; warm-up tasks: {len(results[0].warmup)}; "
              f"wall time {wall_s / 60:.1f} min. Mean ± standard deviation over seeds (min-max).", "",
              "| policy | pass rate | geomean speedup (intersection) | attempts to first correct | "
-             "context tokens (total) | agent time (s) |", "| --- | --- | --- | --- | --- | --- |"]
-    for policy in POLICIES:
+             "context tokens read (total, real) | agent time (s) |", "| --- | --- | --- | --- | --- | --- |"]
+    for policy in policies:
         figs = [f[0][policy] for f in per_seed if policy in f[0]]
         lines.append(f"| {policy} | {_spread([f.pass_rate for f in figs], '.0%')} | "
                      f"{_spread([f.geomean_speedup for f in figs], '.2f')} | "
@@ -94,17 +106,58 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float,
     lines += ["", f"Memory-on (active) vs memory-off (none), paired per task on the intersection "
               f"({_spread([float(n) for n in sizes], '.0f')} tasks): geomean ratio {_spread(paired, '.3f')}.", "",
               "Best speedup so far vs attempt number (geomean over held-out tasks, first seed):", "",
-              "| attempt | " + " | ".join(POLICIES) + " |", "| --- |" + " --- |" * len(POLICIES)]
-    curves = {p: curve(results[0].runs.get(p, []), budget) for p in POLICIES}
+              "| attempt | " + " | ".join(policies) + " |", "| --- |" + " --- |" * len(policies)]
+    curves = {p: curve(results[0].runs.get(p, []), budget) for p in policies}
     for k in range(budget):
-        lines.append(f"| {k + 1} | " + " | ".join(f"{curves[p][k]:.2f}" for p in POLICIES) + " |")
+        lines.append(f"| {k + 1} | " + " | ".join(f"{curves[p][k]:.2f}" for p in policies) + " |")
+    lines += ["", *headline(results, budget, policies)]
     if catalogue:
         lines += ["", "The catalogue per family: how many naive kernels of the family each strategy fits (a "
                   "strategy that does not fit a kernel's loop shape is never tried on it):", "", *catalogue]
     return "\n".join(lines) + "\n"
 
 
-def plots(results: list[SeedResult], budget: int, out: Path) -> list[Path]:
+def headline(results: list[SeedResult], budget: int, policies: tuple[str, ...]) -> list[str]:
+    """Per arm: attempts to 90% of the best known, reach@3, failures, area under best-so-far, first-attempt
+    correct and real tokens per task; then, per window, active against passive, static and none, paired."""
+    by_arm: dict[str, list[TaskRun]] = {}
+    for result in results:
+        for arm, runs in result.runs.items():
+            by_arm.setdefault(arm, []).extend(runs)
+    best = best_known(r for runs in by_arm.values() for r in runs)
+    lines = ["## Attempts until within 90% of the best known speedup (fewer is better)", "",
+             f"Best known: the best any arm reached on the task in this run. A run that never got there counts "
+             f"{budget + 1}. Paired per (task, seed); 95% bootstrap CIs.", "",
+             "| arm | attempts to 90% | reach@3 | failed attempts / task | area under best-so-far (log) | "
+             "correct at first attempt | real tokens read / task | peak transcript tokens |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm in policies:
+        runs = by_arm.get(arm, [])
+        if not runs:
+            continue
+        lines.append(f"| {arm} | {statistics.fmean(attempts_to_near_best(r, best[r.task_id]) for r in runs):.2f} | "
+                     f"{statistics.fmean(reach_at(r, best[r.task_id], 3) for r in runs):.0%} | "
+                     f"{statistics.fmean(failed_attempts(r) for r in runs):.2f} | "
+                     f"{statistics.fmean(area_under_best(r) for r in runs):.3f} | "
+                     f"{statistics.fmean(first_attempt_correct(r) for r in runs):.0%} | "
+                     f"{statistics.fmean(r.context_tokens for r in runs):,.0f} | "
+                     f"{max(r.peak_tokens for r in runs):,} |")
+    lines += ["", "| window | active vs | difference in attempts to 90% (95% CI) | pairs | active ... |",
+              "| --- | --- | --- | --- | --- |"]
+    for arm in policies:
+        if not arm.startswith("active@"):
+            continue
+        window = arm.partition("@")[2]
+        for other in (f"passive@{window}", "static", "none"):
+            if other not in by_arm:
+                continue
+            cmp = paired(by_arm, arm, other, lambda r: attempts_to_near_best(r, best[r.task_id]))
+            lines.append(f"| {window} | {other} | {cmp.mean:+.2f} ({cmp.low:+.2f} to {cmp.high:+.2f}) | "
+                         f"{cmp.pairs} | {cmp.verdict()} {other} |")
+    return lines
+
+
+def plots(results: list[SeedResult], budget: int, out: Path, policies: tuple[str, ...] = arms()) -> list[Path]:
     """pass_rate.png, speedup.png (mean with the seeds' standard deviation) and curve.png."""
     import matplotlib
 
@@ -116,13 +169,14 @@ def plots(results: list[SeedResult], budget: int, out: Path) -> list[Path]:
     for name, attr, label in (("pass_rate", "pass_rate", "pass rate"),
                               ("speedup", "geomean_speedup", "geomean speedup (intersection)")):
         means, errs = [], []
-        for policy in POLICIES:
+        for policy in policies:
             values = [getattr(f[policy], attr) for f in per_seed if policy in f]
             values = [v for v in values if not math.isnan(v)] or [0.0]
             means.append(statistics.fmean(values))
             errs.append(statistics.stdev(values) if len(values) > 1 else 0.0)
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.bar(POLICIES, means, yerr=errs, capsize=6, color=["#999999", "#6b8fb3", "#2f7d4f"])
+        ax.bar(policies, means, yerr=errs, capsize=6)
+        ax.tick_params(axis="x", labelrotation=45)
         ax.set_ylabel(label)
         ax.set_title(f"{label} per policy ({len(results)} seed(s))")
         fig.tight_layout()
@@ -131,7 +185,7 @@ def plots(results: list[SeedResult], budget: int, out: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for policy in POLICIES:
+    for policy in policies:
         series = [curve(r.runs.get(policy, []), budget) for r in results]
         mean = [statistics.fmean(s[k] for s in series) for k in range(budget)]
         ax.plot(range(1, budget + 1), mean, marker="o", label=policy)

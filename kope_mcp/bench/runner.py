@@ -8,7 +8,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kope_mcp.bench.agent import POLICIES
 from kope_mcp.bench.candidates import applicable
 from kope_mcp.bench.protocol import QUICK_FAMILIES, BenchConfig, SeedResult, plan, run_seed, to_json
 from kope_mcp.bench.report import catalogue_table, markdown, plots
@@ -17,7 +16,8 @@ from kope_mcp.tasks.registry import TaskRegistry
 
 def quick_config(out: Path) -> BenchConfig:
     """CI-sized: three families, one warm-up and one held-out task each, one seed, 4 attempts."""
-    return BenchConfig(out=out, seeds=1, budget=4, families=QUICK_FAMILIES, per_family=1, profile_s=0.1)
+    return BenchConfig(out=out, seeds=1, budget=4, families=QUICK_FAMILIES, per_family=1, profile_s=0.1,
+                       windows=(8_000,))
 
 
 class BarProgress:
@@ -64,7 +64,7 @@ async def run_bench(config: BenchConfig) -> Path:
     started = time.monotonic()
     results: list[SeedResult] = []
     splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
-    progress = BarProgress(sum(len(warm) + len(POLICIES) * len(held) for warm, held in splits))
+    progress = BarProgress(sum(len(warm) + len(config.arms) * len(held) for warm, held in splits))
     try:
         for seed in range(config.seeds):
             results.append(await run_seed(config, tasks, seed, progress))
@@ -72,7 +72,7 @@ async def run_bench(config: BenchConfig) -> Path:
     finally:
         progress.close()
     report = config.out / "report.md"
-    text = markdown(results, config.budget, time.monotonic() - started, _catalogue(registry, config))
-    images = plots(results, config.budget, config.out)
+    text = markdown(results, config.budget, time.monotonic() - started, _catalogue(registry, config), config.arms)
+    images = plots(results, config.budget, config.out, config.arms)
     report.write_text(text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in images) + "\n")
     return report

@@ -40,6 +40,7 @@ class TokenCounter(Protocol):
 
     def count(self, text: str) -> int: ...
     def truncate(self, text: str, tokens: int) -> str: ...
+    def tail(self, text: str, tokens: int) -> str: ...
 
 
 class BpeTokenCounter:
@@ -71,6 +72,16 @@ class BpeTokenCounter:
         return ""
 
 
+    def tail(self, text: str, tokens: int) -> str:
+        """The longest suffix of at most `tokens` tokens (what a window that keeps the most recent tokens keeps)."""
+        ids = self._bpe.encode_ordinary(text)
+        if len(ids) <= tokens:
+            return text
+        kept = self._bpe.decode(ids[len(ids) - tokens:]) if tokens > 0 else ""
+        kept = kept.lstrip("\ufffd")  # a UTF-8 sequence split at the cut
+        return kept if text.endswith(kept) else ""
+
+
 class CalibratedCharCounter:
     """A character estimate that never counts fewer tokens than cl100k_base on the suite's contexts."""
 
@@ -82,6 +93,10 @@ class CalibratedCharCounter:
     def truncate(self, text: str, tokens: int) -> str:
         limit = max(0, int(tokens * FALLBACK_CHARS_PER_TOKEN) - 3)
         return text if len(text) <= limit + 3 else text[:limit] + "..."
+
+    def tail(self, text: str, tokens: int) -> str:
+        keep = int(tokens * FALLBACK_CHARS_PER_TOKEN)
+        return text[len(text) - keep:] if 0 < keep < len(text) else text if keep > 0 else ""
 
 
 def _load_cl100k() -> Any:

@@ -57,3 +57,12 @@ def test_the_fallback_never_counts_fewer_tokens_than_cl100k_on_the_suites_texts(
     assert all(fallback.count(t) >= bpe.count(t) for t in texts), min(ratios)
     # The old "4 characters per token" undercounted these texts.
     assert sum(len(t) for t in texts) / sum(bpe.count(t) for t in texts) < 4
+
+
+@pytest.mark.parametrize("counter", [token_counter(), CalibratedCharCounter()], ids=["bpe", "fallback"])
+@pytest.mark.parametrize("limit", [0, 1, 9, 300])
+def test_the_tail_is_a_suffix_within_the_limit(counter, limit):
+    text = "- [effective, step x2.10] softmax: OpenMP over rows; naïve ✓ (k-3f2a9c01, x86_64/avx2/2c)\n" * 12
+    tail = counter.tail(text, limit)
+    assert text.endswith(tail) and (limit == 0) == (tail == "")
+    assert counter.count(tail) <= limit or isinstance(counter, CalibratedCharCounter)
