@@ -45,6 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--budget", type=int, default=8, help="attempts per task")
     bench.add_argument("--families", nargs="*", help="only these families (default: all)")
     bench.add_argument("--out", help="results folder (default: results/bench-<timestamp>)")
+    bench.add_argument("--windows", type=int, nargs="*",
+                       help="context windows (tokens) the scripted agent reads through (default: 8000 32000 128000 "
+                            "200000; --quick: 8000)")
+    bench.add_argument("--agent", choices=["scripted", "llm"], default="scripted",
+                       help="scripted (default), or llm: a model behind an OpenAI-compatible endpoint")
+    bench.add_argument("--base-url", help="llm: the API root, e.g. http://127.0.0.1:8000/v1")
+    bench.add_argument("--model", help="llm: the model name the endpoint serves")
+    bench.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                       help="llm: the environment variable holding the API key (default OPENAI_API_KEY; unset: none)")
+    bench.add_argument("--context-window", type=int, default=32_000,
+                       help="llm: trim the chat to this many tokens (default 32000)")
     memory = sub.add_parser("memory", help="inspect and move the experience memory under KOPE_HOME")
     memory.add_argument("action", choices=["stats", "show", "export", "import"])
     memory.add_argument("target", nargs="?", help="an id for `show`, a .jsonl file for `export`/`import`")
@@ -182,16 +193,55 @@ def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     import anyio
 
     from kope_mcp.bench.protocol import BenchConfig
-    from kope_mcp.bench.runner import quick_config, run_bench
+    from kope_mcp.bench.runner import BarProgress, quick_config, run_bench
 
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     config = quick_config(out) if args.quick else BenchConfig(
         out=out, seeds=args.seeds, budget=args.budget, families=tuple(args.families) if args.families else None)
+    if args.families:
+        config.families = tuple(args.families)
+    if args.windows:
+        if any(w < 1000 for w in args.windows):
+            print(f"error: --windows takes token counts of at least 1000, got {args.windows}", file=sys.stderr)
+            return 2
+        config.windows = tuple(args.windows)
+    if args.agent == "llm":
+        from kope_mcp.bench.llm import LlmSettings
+        from kope_mcp.bench.llm_runner import run_llm_bench
+
+        if not args.base_url or not args.model:
+            print("error: --agent llm needs --base-url (an OpenAI-compatible API root, e.g. "
+                  "http://127.0.0.1:8000/v1) and --model", file=sys.stderr)
+            return 2
+        settings = LlmSettings(base_url=args.base_url, model=args.model, context_window=args.context_window,
+                               api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
+                               attempts=config.budget)
+        from kope_mcp.bench.llm import LLM_POLICIES, endpoint_failure
+        from kope_mcp.bench.protocol import plan
+        from kope_mcp.tasks.registry import TaskRegistry
+
+        tasks = {t.id: t.spec.family for t in TaskRegistry.default().list()}
+        splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
+        progress = BarProgress(sum(len(w) + len(LLM_POLICIES) * len(h) for w, h in splits))
+        try:
+            report = anyio.run(run_llm_bench, config, settings, progress)
+        except BaseException as exc:  # the MCP client's task group wraps what failed inside it
+            failure = endpoint_failure(exc)
+            if failure is None:
+                raise
+            print(f"error: {failure}", file=sys.stderr)
+            return 2
+        finally:
+            progress.close()
+        print(report.read_text())
+        print(f"report: {report}")
+        return 0
     report = anyio.run(run_bench, config)
     print(report.read_text())
     print(f"report: {report}")

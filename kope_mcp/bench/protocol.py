@@ -79,19 +79,20 @@ def split(tasks: Mapping[str, str], seed: int, per_family: int | None = None) ->
     return warm, held
 
 
-def _server(home: Path, config: BenchConfig) -> StdioServerParameters:
+def server_params(home: Path, config: BenchConfig) -> StdioServerParameters:
     env = {**os.environ, "KOPE_HOME": str(home), "KOPE_PROFILE_S": str(config.profile_s),
            "KOPE_EMBEDDINGS": "on" if config.embeddings else "off"}
     return StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--no-daemon",
                                                                "--log-level", "WARNING"], env=env)
 
 
-async def _run_tasks(home: Path, config: BenchConfig, policy: str, task_ids: list[str], seed: int,
+async def run_tasks(home: Path, config: BenchConfig, policy: str, task_ids: list[str], seed: int,
                      progress: Progress, label: str | None = None, static: list[str] | None = None
                      ) -> list[TaskRun]:
     runs: list[TaskRun] = []
     label = label or f"seed {seed} {policy}"
-    async with Client(_server(home, config), client_info=Implementation(name=f"bench-{policy}", version="1")) as c:
+    client_info = Implementation(name=f"bench-{policy}", version="1")
+    async with Client(server_params(home, config), client_info=client_info) as c:
         for i, task_id in enumerate(task_ids, 1):
             progress.started(label, task_id)
             run = await run_task(c, task_id, policy, config.budget, seed, static)
@@ -116,18 +117,18 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
     warm_home = root / "warm"
     started = time.monotonic()
     progress.note(f"seed {seed}: warming the memory on {len(warm)} tasks, {len(held)} held out")
-    await _run_tasks(warm_home, config, "none", warm, seed + 10_000, progress, f"seed {seed} warm-up")
+    await run_tasks(warm_home, config, "none", warm, seed + 10_000, progress, f"seed {seed} warm-up")
     result.warmup_seconds = time.monotonic() - started
     result.static_order = await _static_order(warm_home, config)
     for arm in config.arms:
         home = root / arm.replace("@", "-")
         shutil.copytree(warm_home, home, ignore=shutil.ignore_patterns("daemon"))
-        result.runs[arm] = await _run_tasks(home, config, arm, held, seed, progress, static=result.static_order)
+        result.runs[arm] = await run_tasks(home, config, arm, held, seed, progress, static=result.static_order)
     return result
 
 
 async def _static_order(home: Path, config: BenchConfig) -> list[str]:
-    async with Client(_server(home, config), client_info=Implementation(name="bench-static", version="1")) as c:
+    async with Client(server_params(home, config), client_info=Implementation(name="bench-static", version="1")) as c:
         raw = "".join(getattr(x, "text", "") for x in (await c.read_resource("kope://memory/history.json")).contents)
     return static_order(json.loads(raw))
 

@@ -1,36 +1,36 @@
-"""tools/llm_agent.py against a local stand-in chat endpoint that replays canned answers: the loop, the tool
-calls, the injected experience and the error handling, without a model."""
+"""The LLM loop (kope_mcp/bench/llm.py, `kope bench --agent llm`, tools/llm_agent.py) against local stand-in
+chat endpoints: one that replays canned answers, and the stand-in agent of kope_mcp/bench/stand_in.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import threading
-from argparse import Namespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
+from mcp import Client, StdioServerParameters
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("llm_agent", ROOT / "tools" / "llm_agent.py")
-assert spec is not None and spec.loader is not None
-llm_agent = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(llm_agent)
+from kope_mcp.bench import llm
+from kope_mcp.bench.llm import EndpointError, LlmSettings, chat, parse_arguments, run_llm_task
+from kope_mcp.bench.stand_in import StandInEndpoint
+from kope_mcp.cli import main as kope_main
 
 VECTOR_ADD = ("#include <stdint.h>\nvoid kernel(const float *a, const float *b, float *out, int64_t n) {\n"
               "    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];\n}\n")
+USAGE = {"prompt_tokens": 1000, "completion_tokens": 50, "total_tokens": 1050}
 
 
-def tool_call(call_id: str, name: str, arguments: str) -> dict:
+def tool_call(call_id: str, name: str, arguments: Any) -> dict:
     return {"role": "assistant", "content": None, "tool_calls": [
         {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}
 
 
-class StandIn:
-    """Serves /v1/chat/completions from a script: each answer may refer to earlier tool results."""
+class Replay:
+    """Serves /v1/chat/completions from a script of answers, status codes or (status, headers, body)."""
 
     def __init__(self, script: list) -> None:
         self.script, self.requests = list(script), []
@@ -41,13 +41,18 @@ class StandIn:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append(body)
                 step = outer.script.pop(0)
-                if step == 503:
-                    self.send_response(503)
+                if isinstance(step, int):
+                    step = (step, {}, b"busy")
+                if isinstance(step, tuple):
+                    status, headers, data = step
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
                     self.end_headers()
-                    self.wfile.write(b"busy")
+                    self.wfile.write(data)
                     return
                 message = step(body) if callable(step) else step
-                data = json.dumps({"choices": [{"message": message}]}).encode()
+                data = json.dumps({"choices": [{"message": message}], "usage": USAGE}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -66,43 +71,125 @@ def last_tool_result(body: dict) -> dict:
     return json.loads(next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool"))
 
 
-def args(url: str, home: Path, **overrides) -> Namespace:
-    base = dict(base_url=url, model="stand-in", api_key_env="", task="vector_add", attempts=2, iterations=3,
-                max_tool_calls=6, token_budget=800,
-                server=f"{sys.executable} -m kope_mcp serve --no-daemon --log-level WARNING")
-    return Namespace(**{**base, **overrides})
+def run_one(url: str, home: Path, policy: str = "active", **settings: Any) -> llm.LlmTaskRun:
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--no-daemon",
+                                                                 "--log-level", "WARNING"],
+                                   env={**__import__("os").environ, "KOPE_HOME": str(home),
+                                        "KOPE_EMBEDDINGS": "off", "KOPE_PROFILE_S": "0.2"})
+    config = LlmSettings(base_url=url, model="stand-in", **{"attempts": 2, "iterations": 3, **settings})
+
+    async def go() -> llm.LlmTaskRun:
+        async with Client(params) as client:
+            return await run_llm_task(client, config, "vector_add", policy)
+    return anyio.run(go)
 
 
 @pytest.mark.slow
-def test_the_loop_calls_tools_feeds_back_errors_and_injects_experience(tmp_path, monkeypatch):
-    monkeypatch.setenv("KOPE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("KOPE_EMBEDDINGS", "off")
-    monkeypatch.setenv("KOPE_PROFILE_S", "0.2")
-    stand_in = StandIn([
+def test_the_loop_calls_tools_feeds_back_errors_injects_experience_and_counts_usage(tmp_path):
+    stand_in = Replay([
         503,  # the endpoint is busy once: retried
         tool_call("c1", "compile_kernel", json.dumps({"task_id": "vector_add", "source": VECTOR_ADD})),
-        lambda body: tool_call("c2", "run_tests", json.dumps({"kernel_id": last_tool_result(body)["kernel_id"]})),
+        lambda body: tool_call("c2", "run_tests", {"kernel_id": last_tool_result(body)["kernel_id"]}),  # an object
         lambda body: tool_call("c3", "profile_kernel", json.dumps({"kernel_id": last_tool_result(body)["kernel_id"]})),
         tool_call("c4", "compile_kernel", "{not json"),  # malformed: goes back to the model as an error
         tool_call("c5", "no_such_tool", "{}"),
         {"role": "assistant", "content": "DONE"},
     ])
-    summary = anyio.run(llm_agent.run, args(stand_in.url, tmp_path))
-    assert summary["stopped"] == "model said DONE"
-    assert summary["compiles"] == 1 and summary["tool_calls"] == 5 and summary["tool_errors"] == 2
-    assert summary["best_speedup"] is not None and summary["best_speedup"] > 0
+    run = run_one(stand_in.url, tmp_path / "home")
+    assert run.stopped == "model said DONE"
+    assert run.compiles == 1 and run.tool_calls == 5 and run.tool_errors == 2
+    assert run.best_speedup is not None and run.best_speedup > 0
+    assert run.usage.calls == 6 and run.usage.prompt_tokens == 6000 and run.usage.completion_tokens == 300
     first = stand_in.requests[0]
     assert {t["function"]["name"] for t in first["tools"]} >= {"compile_kernel", "run_tests", "query_experience"}
     assert any("Relevant experience (kope-mcp memory)" in str(m["content"]) for m in first["messages"])
     tool_results = [m["content"] for m in stand_in.requests[-1]["messages"] if m["role"] == "tool"]
-    assert any("not valid JSON" in text for text in tool_results)
+    assert any("not a JSON object" in text for text in tool_results)
     assert any("no tool named 'no_such_tool'" in text for text in tool_results)
+    assert not any("error" in text[:10] for text in tool_results[:3])  # the object arguments were accepted
 
 
-def test_an_endpoint_that_keeps_failing_is_reported(tmp_path, monkeypatch):
-    monkeypatch.setenv("KOPE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("KOPE_EMBEDDINGS", "off")
-    monkeypatch.setattr(llm_agent.time, "sleep", lambda s: None)
-    stand_in = StandIn([503, 503, 503])
-    with pytest.raises(llm_agent.EndpointError, match="HTTP 503"):
-        anyio.run(llm_agent.run, args(stand_in.url, tmp_path))
+@pytest.mark.slow
+def test_without_memory_nothing_is_injected(tmp_path):
+    stand_in = Replay([{"role": "assistant", "content": "DONE"}])
+    run = run_one(stand_in.url, tmp_path / "home", policy="none")
+    assert run.context_tokens == 0
+    assert not any("experience" in str(m["content"]).lower() for m in stand_in.requests[0]["messages"][2:])
+
+
+@pytest.mark.slow
+def test_a_context_length_answer_gets_the_chat_trimmed_and_resent_once(tmp_path):
+    too_long = (400, {"Content-Type": "application/json"},
+                b'{"error": {"message": "This model\'s maximum context length is 4096 tokens", '
+                b'"code": "context_length_exceeded"}}')
+    stand_in = Replay([too_long, {"role": "assistant", "content": "DONE"}])
+    run = run_one(stand_in.url, tmp_path / "home", context_window=32_000)
+    assert run.trimmed_retries == 1 and run.stopped == "model said DONE"
+    assert "dropped to fit" in str(stand_in.requests[1]["messages"][-1]["content"])
+
+
+def test_only_429_and_5xx_are_retried_and_retry_after_is_honoured(monkeypatch):
+    slept: list[float] = []
+    stand_in = Replay([(429, {"Retry-After": "3"}, b"slow down"), 502, {"role": "assistant", "content": "hi"}])
+    answer = chat(stand_in.url, "m", None, [{"role": "user", "content": "x"}], [], 10, sleep=slept.append)
+    assert answer["choices"][0]["message"]["content"] == "hi" and slept == [3.0, 2.0]
+    refused = Replay([(401, {}, b"bad key")])
+    with pytest.raises(EndpointError, match="refused the request: HTTP 401"):
+        chat(refused.url, "m", None, [{"role": "user", "content": "x"}], [], 10, sleep=slept.append)
+    assert len(refused.requests) == 1
+
+
+def test_an_endpoint_that_keeps_failing_is_reported_after_its_retries():
+    stand_in = Replay([503] * (llm.RETRIES + 1))
+    with pytest.raises(EndpointError, match=r"kept failing.*HTTP 503"):
+        chat(stand_in.url, "m", None, [{"role": "user", "content": "x"}], [], 10, sleep=lambda s: None)
+    assert len(stand_in.requests) == llm.RETRIES + 1
+
+
+def test_a_timeout_is_reported_and_not_resent(monkeypatch):
+    monkeypatch.setattr(llm, "BASE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(llm, "TIMEOUT_S_PER_1K_PROMPT", 0.0)
+    slow = StandInEndpoint(delay_s=1.0).start()
+    try:
+        with pytest.raises(EndpointError, match="did not answer within"):
+            chat(slow.url, "m", None, [{"role": "user", "content": "x"}], [], 10)
+        assert len(slow.requests) == 1
+    finally:
+        slow.close()
+
+
+@pytest.mark.parametrize("raw, expected", [('{"a": 1}', {"a": 1}), ({"a": 1}, {"a": 1}), ("", {}), (None, {})])
+def test_tool_arguments_come_as_a_string_or_an_object(raw, expected):
+    assert parse_arguments(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["[1, 2]", "{oops"])
+def test_arguments_that_are_not_an_object_are_refused(raw):
+    with pytest.raises(ValueError):
+        parse_arguments(raw)
+
+
+@pytest.mark.slow
+def test_kope_bench_agent_llm_quick_runs_against_the_stand_in_and_reports_prompt_tokens_per_policy(
+        tmp_path, capsys):
+    endpoint = StandInEndpoint(max_context=64_000, object_arguments=True).start()
+    try:
+        code = kope_main(["bench", "--agent", "llm", "--base-url", endpoint.url, "--model", "stand-in", "--quick",
+                          "--families", "activation", "--out", str(tmp_path / "out")])
+    finally:
+        endpoint.close()
+    assert code == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(results) == {"none", "passive", "active"}
+    for policy, runs in results.items():
+        assert runs and all(r["usage"]["prompt_tokens"] > 0 and r["compiles"] >= 1 for r in runs), policy
+        assert all(r["stopped"] == "model said DONE" for r in runs), policy
+    assert results["none"][0]["context_tokens"] == 0 < results["active"][0]["context_tokens"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| passive |" in report and "prompt tokens (total)" in report
+
+
+def test_kope_bench_agent_llm_without_an_endpoint_says_what_it_needs(capsys):
+    assert kope_main(["bench", "--agent", "llm", "--quick"]) == 2
+    assert "--base-url" in capsys.readouterr().err
+
