@@ -48,6 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--windows", type=int, nargs="*",
                        help="context windows (tokens) the scripted agent reads through (default: 8000 32000 128000 "
                             "200000; --quick: 8000)")
+    bench.add_argument("--warm-passes", type=int, default=1, help="passes of the warm-up over its tasks")
+    bench.add_argument("--warm-budget", type=int, help="attempts per task in the warm-up (default: --budget; 14 "
+                                                      "tries every strategy that applies)")
+    bench.add_argument("--import-memory", nargs="*", default=[], metavar="FILE",
+                       help="kope-memory exports to add to the warmed memory (e.g. another machine's experience)")
+    bench.add_argument("--memory-sizes", type=int, nargs="*", default=[], metavar="N",
+                       help="also run every arm from the warmed memory cut to its N oldest attempts (the curve)")
     bench.add_argument("--agent", choices=["scripted", "llm"], default="scripted",
                        help="scripted (default), or llm: a model behind an OpenAI-compatible endpoint")
     bench.add_argument("--base-url", help="llm: the API root, e.g. http://127.0.0.1:8000/v1")
@@ -198,7 +205,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     import anyio
 
-    from kope_mcp.bench.protocol import BenchConfig
+    from kope_mcp.bench.config import BenchConfig
     from kope_mcp.bench.runner import BarProgress, quick_config, run_bench
 
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -206,6 +213,14 @@ def _bench(args: argparse.Namespace) -> int:
         out=out, seeds=args.seeds, budget=args.budget, families=tuple(args.families) if args.families else None)
     if args.families:
         config.families = tuple(args.families)
+    missing = [f for f in args.import_memory if not Path(f).is_file()]
+    if missing or args.warm_passes < 1 or any(n < 1 for n in args.memory_sizes):
+        print(f"error: --import-memory takes existing kope-memory export files (not found: {missing}); "
+              "--warm-passes and --memory-sizes take positive numbers", file=sys.stderr)
+        return 2
+    config.warm_passes, config.warm_budget = args.warm_passes, args.warm_budget
+    config.imports = tuple(Path(f) for f in args.import_memory)
+    config.memory_sizes = tuple(args.memory_sizes)
     if args.windows:
         if any(w < 1000 for w in args.windows):
             print(f"error: --windows takes token counts of at least 1000, got {args.windows}", file=sys.stderr)
@@ -222,8 +237,8 @@ def _bench(args: argparse.Namespace) -> int:
         settings = LlmSettings(base_url=args.base_url, model=args.model, context_window=args.context_window,
                                api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
                                attempts=config.budget)
+        from kope_mcp.bench.config import plan
         from kope_mcp.bench.llm import LLM_POLICIES, endpoint_failure
-        from kope_mcp.bench.protocol import plan
         from kope_mcp.tasks.registry import TaskRegistry
 
         tasks = {t.id: t.spec.family for t in TaskRegistry.default().list()}

@@ -4,6 +4,7 @@ profile -> record, keeping the incumbent only when a correct candidate is measur
 Arms differ only in what the agent reads before choosing:
 - ``none``: nothing; a seeded random order of strategies;
 - ``static``: the warm-up's global strategy order (every measured outcome pooled, no task or family), read once;
+- ``oracle``: the task's own best order, from the measured catalogue (catalogue.py): the ceiling;
 - ``passive@W``: the whole memory (resource kope://memory/history.json) every iteration, as an agent that pastes
   its entire history into its own context;
 - ``active@W``: query_experience with a token budget (active context selection).
@@ -35,7 +36,7 @@ BROKEN_LABELS = ("compile_error", "incorrect")
 
 def arms(windows: tuple[int, ...] = WINDOWS) -> tuple[str, ...]:
     """The bench's arms: the controls, then each memory policy at each pre-registered window."""
-    return ("none", "static", *(f"{p}@{w // 1000}k" for w in windows for p in ("passive", "active")))
+    return ("none", "static", "oracle", *(f"{p}@{w // 1000}k" for w in windows for p in ("passive", "active")))
 
 
 def parse_arm(arm: str) -> tuple[str, int | None]:
@@ -106,12 +107,12 @@ def evidence(items: list[dict[str, Any]], family: str, task_id: str, hardware: s
 
 
 def order(policy: str, items: list[dict[str, Any]] | None, family: str, task_id: str, rng: random.Random,
-          tried: set[str], hardware: str | None = None, static: list[str] | None = None) -> list[str]:
+          tried: set[str], hardware: str | None = None, ranking: list[str] | None = None) -> list[str]:
     """Strategies to try next, best first."""
     untried = [s for s in CHOICES if s not in tried]
     rng.shuffle(untried)  # the seeded tie-break (and the whole order for `none`)
-    if policy == "static" and static is not None:
-        rank = {name: i for i, name in enumerate(static)}
+    if policy in ("static", "oracle") and ranking is not None:
+        rank = {name.lower(): i for i, name in enumerate(ranking)}
         return sorted(untried, key=lambda s: rank.get(s.lower(), len(rank)))
     if policy == "none" or not items:
         return untried
@@ -150,7 +151,7 @@ async def _read_memory(client: Client, policy: str, task_id: str, session_id: st
 
 
 async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: int,
-                   static: list[str] | None = None) -> TaskRun:
+                   ranking: list[str] | None = None) -> TaskRun:
     """Work one task with `budget` attempts; every outcome goes through (and into) the server's memory."""
     started = time.monotonic()
     policy, window = parse_arm(arm)
@@ -161,10 +162,10 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
     transcript.add("system", SYSTEM, pinned=True)
     transcript.add("user", f"Task {task_id} ({task['family']}): {task.get('description', '')}\n"
                    f"{task.get('baseline_source') or ''}", pinned=True)
-    if policy == "static" and static is not None:
+    if policy in ("static", "oracle") and ranking is not None:
         # Read once: the order itself is what the agent keeps.
-        transcript.add("user", "Strategies in the order that paid off most during the warm-up: "
-                       + "; ".join(static))
+        transcript.add("user", "Strategies in the order that paid off most "
+                       + ("during the warm-up: " if policy == "static" else "on this task: ") + "; ".join(ranking))
         run.context_tokens += transcript.messages[-1].tokens
     incumbent = Kernel(task["baseline_source"] or "", ())
     # The naive kernel is compiled first (not an attempt: it is where every task starts) so that candidates name
@@ -190,7 +191,7 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
                 run.context_tokens += transcript.tokens + transcript.dropped_tokens - before
                 items = transcript.visible_items()
                 run.items_seen.append(len(items))
-            name = next((s for s in order(policy, items, run.family, task_id, rng, tried, run.hardware, static)
+            name = next((s for s in order(policy, items, run.family, task_id, rng, tried, run.hardware, ranking)
                          if BY_NAME[s].apply(incumbent) is not None), "")
             if not name:
                 break  # nothing left that applies

@@ -17,8 +17,9 @@ from pathlib import Path
 from mcp import Client
 from mcp.types import Implementation
 
+from kope_mcp.bench.config import BenchConfig, Progress, plan, server_params
 from kope_mcp.bench.llm import LLM_POLICIES, LlmSettings, LlmTaskRun, run_llm_task
-from kope_mcp.bench.protocol import BenchConfig, Progress, plan, run_tasks, server_params
+from kope_mcp.bench.protocol import run_tasks
 from kope_mcp.bench.report import geomean
 from kope_mcp.tasks.registry import TaskRegistry
 

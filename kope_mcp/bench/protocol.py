@@ -1,139 +1,139 @@
-"""The ablation protocol: warm a memory on some tasks, then run every policy on held-out tasks from copies of
-that same memory, for several seeds.
+"""The ablation protocol: warm a memory on some tasks, then run every arm on held-out tasks from copies of
+that same memory, for several seeds and, optionally, several memory sizes.
 
 Split (documented, seeded): within each family the task ids are shuffled with the seed; the first half
 (rounded up) warms the memory, the rest are held out, so every family is represented on both sides. The warm-up
-runs the `none` policy (it explores in random order, so the memory holds wins and failures of every strategy).
-Each policy then starts from a copy of the warmed home, so no policy sees another's held-out experience.
-Every agent talks to a real `kope serve` over stdio (owning its home, --no-daemon).
+runs the `none` policy (it explores in random order, so the memory holds wins and failures of every strategy),
+`warm_passes` times; exports of other hardware's experience can be imported on top (`imports`). For each memory
+size (the N oldest attempts of that memory; all of it by default) every arm starts from its own copy, so no arm
+sees another's held-out experience. Arms are interleaved per task (each task is worked by every arm, in an
+order rotated from task to task, before the next task starts), so a slow spell of the machine falls on all arms
+alike; the load average is logged with every attempt. Every agent talks to a real `kope serve` over stdio
+(owning its home, --no-daemon).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
-import random
 import shutil
-import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from contextlib import AsyncExitStack
+from dataclasses import asdict
 from pathlib import Path
-from typing import Protocol
 
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.types import Implementation
 
-from kope_mcp.bench.agent import TaskRun, arms, run_task, static_order
-from kope_mcp.bench.transcript import WINDOWS
-
-QUICK_FAMILIES = ("activation", "reduction", "normalization")
-
-
-@dataclass
-class BenchConfig:
-    out: Path
-    seeds: int = 3
-    budget: int = 8
-    families: tuple[str, ...] | None = None  # None: all
-    per_family: int | None = None  # cap on tasks per family and side (quick mode)
-    profile_s: float = 0.2
-    embeddings: bool = False
-    windows: tuple[int, ...] = WINDOWS  # the context windows (tokens) the memory policies are read through
-
-    @property
-    def arms(self) -> tuple[str, ...]:
-        return arms(self.windows)
+from kope_mcp.bench.agent import TaskRun, parse_arm, run_task, static_order
+from kope_mcp.bench.catalogue import Catalogue, oracle_order
+from kope_mcp.bench.config import BenchConfig, Progress, SeedResult, plan, server_params
+from kope_mcp.bench.memories import attempts_in, kope_memory, truncate_export
 
 
-@dataclass
-class SeedResult:
-    seed: int
-    warmup: list[str]
-    held_out: list[str]
-    runs: dict[str, list[TaskRun]] = field(default_factory=dict)
-    warmup_seconds: float = 0.0
-    static_order: list[str] = field(default_factory=list)
-
-
-class Progress(Protocol):
-    def started(self, label: str, task_id: str) -> None: ...
-    def finished(self, line: str) -> None: ...
-    def note(self, line: str) -> None: ...
-
-
-def split(tasks: Mapping[str, str], seed: int, per_family: int | None = None) -> tuple[list[str], list[str]]:
-    """(warm-up, held-out) task ids from {task_id: family}."""
-    warm: list[str] = []
-    held: list[str] = []
-    for family in sorted(set(tasks.values())):
-        ids = sorted(t for t, f in tasks.items() if f == family)
-        random.Random(f"split/{seed}/{family}").shuffle(ids)
-        cut = math.ceil(len(ids) / 2)
-        first, rest = ids[:cut], ids[cut:]
-        if per_family is not None:
-            first, rest = first[:per_family], rest[:per_family]
-        warm += first
-        held += rest
-    return warm, held
-
-
-def server_params(home: Path, config: BenchConfig) -> StdioServerParameters:
-    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_PROFILE_S": str(config.profile_s),
-           "KOPE_EMBEDDINGS": "on" if config.embeddings else "off"}
-    return StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--no-daemon",
-                                                               "--log-level", "WARNING"], env=env)
+def _line(label: str, i: int, n: int, run: TaskRun) -> str:
+    return (f"{label:<22} [{i:>2}/{n}] {run.task_id:<22} {'solved' if run.solved else 'FAILED':<6} best "
+            f"{run.best_speedup:6.2f}x  attempts {run.attempts}  read {run.context_tokens} tok  {run.seconds:5.1f} s")
 
 
 async def run_tasks(home: Path, config: BenchConfig, policy: str, task_ids: list[str], seed: int,
-                     progress: Progress, label: str | None = None, static: list[str] | None = None
-                     ) -> list[TaskRun]:
+                    progress: Progress, label: str | None = None, budget: int | None = None) -> list[TaskRun]:
+    """One arm over several tasks through one server (the warm-up, the LLM bench's memory)."""
     runs: list[TaskRun] = []
     label = label or f"seed {seed} {policy}"
     client_info = Implementation(name=f"bench-{policy}", version="1")
     async with Client(server_params(home, config), client_info=client_info) as c:
         for i, task_id in enumerate(task_ids, 1):
             progress.started(label, task_id)
-            run = await run_task(c, task_id, policy, config.budget, seed, static)
+            run = await run_task(c, task_id, policy, budget or config.budget, seed)
             runs.append(run)
-            progress.finished(f"{label:<16} [{i:>2}/{len(task_ids)}] {task_id:<22} "
-                              f"{'solved' if run.solved else 'FAILED':<6} best {run.best_speedup:6.2f}x  "
-                              f"attempts {run.attempts}  context {run.context_tokens} tok  {run.seconds:5.1f} s")
+            progress.finished(_line(label, i, len(task_ids), run))
     return runs
 
 
-def plan(config: BenchConfig, tasks: Mapping[str, str], seed: int) -> tuple[list[str], list[str]]:
-    """(warm-up, held-out) task ids of one seed under this configuration."""
-    if config.families is not None:
-        tasks = {t: f for t, f in tasks.items() if f in config.families}
-    return split(tasks, seed, config.per_family)
+async def warm_memory(config: BenchConfig, warm: list[str], seed: int, home: Path, progress: Progress) -> None:
+    for p in range(config.warm_passes):
+        label = f"seed {seed} warm-up" + (f" {p + 1}/{config.warm_passes}" if config.warm_passes > 1 else "")
+        await run_tasks(home, config, "none", warm, seed + 10_000 + 1000 * p, progress, label,
+                        budget=config.warm_budget)
+    for export in config.imports:
+        progress.note(f"seed {seed}: importing {export}: {kope_memory(home, 'import', export)}")
 
 
-async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, progress: Progress) -> SeedResult:
+async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, progress: Progress,
+                   catalogue: Catalogue | None = None) -> SeedResult:
     warm, held = plan(config, tasks, seed)
     result = SeedResult(seed=seed, warmup=warm, held_out=held)
     root = config.out / f"seed-{seed}"
     warm_home = root / "warm"
     started = time.monotonic()
     progress.note(f"seed {seed}: warming the memory on {len(warm)} tasks, {len(held)} held out")
-    await run_tasks(warm_home, config, "none", warm, seed + 10_000, progress, f"seed {seed} warm-up")
+    await warm_memory(config, warm, seed, warm_home, progress)
     result.warmup_seconds = time.monotonic() - started
     result.static_order = await _static_order(warm_home, config)
-    for arm in config.arms:
-        home = root / arm.replace("@", "-")
-        shutil.copytree(warm_home, home, ignore=shutil.ignore_patterns("daemon"))
-        result.runs[arm] = await run_tasks(home, config, arm, held, seed, progress, static=result.static_order)
+    for size, home in _sized_homes(config, root, warm_home):
+        result.memory_attempts[size] = attempts_in(home / "memory-export.jsonl")
+        progress.note(f"seed {seed}: memory '{size}' holds {result.memory_attempts[size]} attempts")
+        result.sized_runs[size] = await _interleaved(config, home, root / f"arms-{size}", held, seed, progress,
+                                                     result.static_order, catalogue, size)
+    result.runs = result.sized_runs[list(result.sized_runs)[-1]]  # the largest memory
     return result
 
 
+def _sized_homes(config: BenchConfig, root: Path, warm_home: Path) -> list[tuple[str, Path]]:
+    """(label, home) per memory size, smallest first; each home also holds its export (memory-export.jsonl)."""
+    full = root / "memory-full.jsonl"
+    kope_memory(warm_home, "export", full)
+    total = attempts_in(full)
+    sizes = sorted({n for n in config.memory_sizes if n < total})
+    homes = []
+    for n in sizes:
+        home = root / f"memory-{n}"
+        home.mkdir(parents=True, exist_ok=True)
+        truncate_export(full, home / "memory-export.jsonl", n)
+        kope_memory(home, "import", home / "memory-export.jsonl")
+        homes.append((str(n), home))
+    shutil.copy(full, warm_home / "memory-export.jsonl")
+    homes.append(("all", warm_home))
+    return homes
+
+
+async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, held: list[str], seed: int,
+                       progress: Progress, static: list[str], catalogue: Catalogue | None,
+                       size: str) -> dict[str, list[TaskRun]]:
+    arms = [a for a in config.arms if a != "oracle" or catalogue is not None]
+    runs: dict[str, list[TaskRun]] = {arm: [] for arm in arms}
+    async with AsyncExitStack() as stack:
+        clients = {}
+        for arm in arms:
+            home = arms_root / arm.replace("@", "-")
+            shutil.copytree(memory_home, home, ignore=shutil.ignore_patterns("daemon", "memory-export.jsonl"))
+            clients[arm] = await stack.enter_async_context(
+                Client(server_params(home, config), client_info=Implementation(name=f"bench-{arm}", version="1")))
+        for i, task_id in enumerate(held):
+            rotated = arms[i % len(arms):] + arms[:i % len(arms)]
+            for arm in rotated:
+                label = f"seed {seed} {arm}" + (f" [{size}]" if size != "all" else "")
+                progress.started(label, task_id)
+                policy, _ = parse_arm(arm)
+                ranking = static if policy == "static" else \
+                    oracle_order(catalogue, task_id) if policy == "oracle" and catalogue is not None else None
+                run = await run_task(clients[arm], task_id, arm, config.budget, seed, ranking)
+                runs[arm].append(run)
+                progress.finished(_line(label, i + 1, len(held), run))
+    return runs
+
+
 async def _static_order(home: Path, config: BenchConfig) -> list[str]:
-    async with Client(server_params(home, config), client_info=Implementation(name="bench-static", version="1")) as c:
+    client_info = Implementation(name="bench-static", version="1")
+    async with Client(server_params(home, config), client_info=client_info) as c:
         raw = "".join(getattr(x, "text", "") for x in (await c.read_resource("kope://memory/history.json")).contents)
     return static_order(json.loads(raw))
 
 
 def to_json(results: list[SeedResult]) -> list[dict[str, object]]:
     return [{"seed": r.seed, "warmup": r.warmup, "held_out": r.held_out, "warmup_seconds": r.warmup_seconds,
-             "static_order": r.static_order,
-             "runs": {p: [asdict(run) for run in runs] for p, runs in r.runs.items()}} for r in results]
+             "static_order": r.static_order, "memory_attempts": r.memory_attempts,
+             "runs": {p: [asdict(run) for run in runs] for p, runs in r.runs.items()},
+             "sized_runs": {size: {p: [asdict(run) for run in runs] for p, runs in by_arm.items()}
+                            for size, by_arm in r.sized_runs.items()}} for r in results]

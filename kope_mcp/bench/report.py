@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from kope_mcp.bench.agent import TaskRun, arms
+from kope_mcp.bench.config import SeedResult
 from kope_mcp.bench.metrics import (
     area_under_best,
     attempts_to_near_best,
@@ -17,7 +19,6 @@ from kope_mcp.bench.metrics import (
     paired,
     reach_at,
 )
-from kope_mcp.bench.protocol import SeedResult
 
 
 @dataclass
@@ -87,12 +88,17 @@ def catalogue_table(applies: dict[str, dict[str, int]], tasks_per_family: dict[s
 
 
 def markdown(results: list[SeedResult], budget: int, wall_s: float,
-             catalogue: list[str] | None = None, policies: tuple[str, ...] = arms()) -> str:
+             catalogue: list[str] | None = None, policies: tuple[str, ...] = arms(),
+             catalogue_best: dict[str, float] | None = None) -> str:
     per_seed = [seed_figures(r) for r in results]
+    load = [x for r in results for runs in r.runs.values() for run in runs for x in run.load]
     lines = [f"# KOPE ablation on the CPU suite ({len(results)} seed(s), budget {budget} attempts per task)", "",
              f"Held-out tasks per seed: {len(results[0].held_out)}; warm-up tasks: {len(results[0].warmup)}; "
-             f"wall time {wall_s / 60:.1f} min. Mean ± standard deviation over seeds (min-max).", "",
-             "| policy | pass rate | geomean speedup (intersection) | attempts to first correct | "
+             f"wall time {wall_s / 60:.1f} min; 1-minute load average during attempts: median "
+             f"{statistics.median(load) if load else 0:.2f}, max {max(load, default=0):.2f}.", "",
+             *headline(results, budget, policies, catalogue_best or {}), "",
+             "## Speedups and tokens", "", "Mean ± standard deviation over seeds (min-max).", "",
+             "| arm | pass rate | geomean speedup (intersection) | attempts to first correct | "
              "context tokens read (total, real) | agent time (s) |", "| --- | --- | --- | --- | --- | --- |"]
     for policy in policies:
         figs = [f[0][policy] for f in per_seed if policy in f[0]]
@@ -101,59 +107,95 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float,
                      f"{_spread([f.attempts_to_correct for f in figs], '.2f')} | "
                      f"{_spread([float(f.context_tokens) for f in figs], '.0f')} | "
                      f"{_spread([f.seconds for f in figs], '.0f')} |")
-    paired = [p for _, p, _ in per_seed]
+    paired_ratio = [p for _, p, _ in per_seed]
     sizes = [n for _, _, n in per_seed]
-    lines += ["", f"Memory-on (active) vs memory-off (none), paired per task on the intersection "
-              f"({_spread([float(n) for n in sizes], '.0f')} tasks): geomean ratio {_spread(paired, '.3f')}.", "",
-              "Best speedup so far vs attempt number (geomean over held-out tasks, first seed):", "",
+    lines += ["", f"Memory-on (active, widest window) vs memory-off (none), paired per task on the intersection "
+              f"({_spread([float(n) for n in sizes], '.0f')} tasks): geomean ratio {_spread(paired_ratio, '.3f')}.",
+              "", "Best speedup so far vs attempt number (geomean over held-out tasks, first seed):", "",
               "| attempt | " + " | ".join(policies) + " |", "| --- |" + " --- |" * len(policies)]
     curves = {p: curve(results[0].runs.get(p, []), budget) for p in policies}
     for k in range(budget):
         lines.append(f"| {k + 1} | " + " | ".join(f"{curves[p][k]:.2f}" for p in policies) + " |")
-    lines += ["", *headline(results, budget, policies)]
     if catalogue:
         lines += ["", "The catalogue per family: how many naive kernels of the family each strategy fits (a "
                   "strategy that does not fit a kernel's loop shape is never tried on it):", "", *catalogue]
     return "\n".join(lines) + "\n"
 
 
-def headline(results: list[SeedResult], budget: int, policies: tuple[str, ...]) -> list[str]:
-    """Per arm: attempts to 90% of the best known, reach@3, failures, area under best-so-far, first-attempt
-    correct and real tokens per task; then, per window, active against passive, static and none, paired."""
+def _by_arm(results: list[SeedResult], size: str | None = None) -> dict[str, list[TaskRun]]:
     by_arm: dict[str, list[TaskRun]] = {}
     for result in results:
-        for arm, runs in result.runs.items():
+        source = result.runs if size is None else result.sized_runs.get(size, {})
+        for arm, runs in source.items():
             by_arm.setdefault(arm, []).extend(runs)
-    best = best_known(r for runs in by_arm.values() for r in runs)
+    return by_arm
+
+
+def _best(results: list[SeedResult], catalogue_best: dict[str, float]) -> dict[str, float]:
+    """Per task: the catalogue's median best or the best any arm reached at any memory size, whichever is higher."""
+    every = [r for res in results for by_arm in (res.sized_runs or {"all": res.runs}).values()
+             for runs in by_arm.values() for r in runs]
+    best = best_known(every)
+    return {t: max(v, catalogue_best.get(t, 1.0)) for t, v in best.items()}
+
+
+def headline(results: list[SeedResult], budget: int, policies: tuple[str, ...],
+             catalogue_best: dict[str, float]) -> list[str]:
+    """The curve over memory size per window first, then, on the largest memory, per arm: attempts to 90% of
+    the best known (budgets 3 and full), reach@3, failures, area under best-so-far, first-attempt correct and
+    real tokens; then, per window, active against passive, static, oracle and none, paired, with CIs."""
+    best = _best(results, catalogue_best)
+
+    def to90(cap: int) -> Callable[[TaskRun], float]:
+        return lambda r: float(min(attempts_to_near_best(r, best[r.task_id]), cap + 1))
+
     lines = ["## Attempts until within 90% of the best known speedup (fewer is better)", "",
-             f"Best known: the best any arm reached on the task in this run. A run that never got there counts "
-             f"{budget + 1}. Paired per (task, seed); 95% bootstrap CIs.", "",
-             "| arm | attempts to 90% | reach@3 | failed attempts / task | area under best-so-far (log) | "
-             "correct at first attempt | real tokens read / task | peak transcript tokens |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "Best known per task: the measured catalogue's median best or the best any arm reached, whichever is "
+             "higher. A run that never got there counts budget + 1. Paired per (task, seed); 95% bootstrap CIs.", ""]
+    sizes = list(results[0].sized_runs) if results and results[0].sized_runs else []
+    if len(sizes) > 1:
+        attempts = {size: statistics.fmean(r.memory_attempts.get(size, 0) for r in results) for size in sizes}
+        lines += ["Against memory size (attempts in the memory each arm starts from; mean attempts to 90%, budget "
+                  f"{budget}):", "", "| memory (attempts) | " + " | ".join(policies) + " |",
+                  "| --- |" + " --- |" * len(policies)]
+        for size in sizes:
+            by_arm = _by_arm(results, size)
+            cells = [f"{statistics.fmean(to90(budget)(r) for r in by_arm[a]):.2f}" if by_arm.get(a) else "-"
+                     for a in policies]
+            lines.append(f"| {size} ({attempts[size]:,.0f}) | " + " | ".join(cells) + " |")
+        lines.append("")
+    by_arm = _by_arm(results)
+    lines += ["| arm | attempts to 90% (budget 3) | attempts to 90% (budget " f"{budget}) | reach@3 | failed "
+              "attempts / task | area under best-so-far (log) | correct at first attempt | real tokens read / task | "
+              "peak transcript tokens |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm in policies:
         runs = by_arm.get(arm, [])
         if not runs:
             continue
-        lines.append(f"| {arm} | {statistics.fmean(attempts_to_near_best(r, best[r.task_id]) for r in runs):.2f} | "
+        lines.append(f"| {arm} | {statistics.fmean(map(to90(3), runs)):.2f} | "
+                     f"{statistics.fmean(map(to90(budget), runs)):.2f} | "
                      f"{statistics.fmean(reach_at(r, best[r.task_id], 3) for r in runs):.0%} | "
                      f"{statistics.fmean(failed_attempts(r) for r in runs):.2f} | "
                      f"{statistics.fmean(area_under_best(r) for r in runs):.3f} | "
                      f"{statistics.fmean(first_attempt_correct(r) for r in runs):.0%} | "
                      f"{statistics.fmean(r.context_tokens for r in runs):,.0f} | "
                      f"{max(r.peak_tokens for r in runs):,} |")
+    verdicts: dict[str, list[str]] = {}
     lines += ["", "| window | active vs | difference in attempts to 90% (95% CI) | pairs | active ... |",
               "| --- | --- | --- | --- | --- |"]
     for arm in policies:
         if not arm.startswith("active@"):
             continue
         window = arm.partition("@")[2]
-        for other in (f"passive@{window}", "static", "none"):
+        for other in (f"passive@{window}", "static", "oracle", "none"):
             if other not in by_arm:
                 continue
-            cmp = paired(by_arm, arm, other, lambda r: attempts_to_near_best(r, best[r.task_id]))
+            cmp = paired(by_arm, arm, other, to90(budget))
             lines.append(f"| {window} | {other} | {cmp.mean:+.2f} ({cmp.low:+.2f} to {cmp.high:+.2f}) | "
                          f"{cmp.pairs} | {cmp.verdict()} {other} |")
+            verdicts.setdefault(window, []).append(f"{cmp.verdict()} {other}")
+    lines += ["", "In words (a CI that contains 0 is a tie): " + "; ".join(
+        f"at {w}, active {', '.join(v)}" for w, v in verdicts.items()) + "."]
     return lines
 
 
@@ -184,6 +226,9 @@ def plots(results: list[SeedResult], budget: int, out: Path, policies: tuple[str
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(path)
+    sizes = list(results[0].sized_runs) if results and results[0].sized_runs else []
+    if len(sizes) > 1:
+        written.append(_memory_curve(results, budget, out, policies, sizes))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for policy in policies:
         series = [curve(r.runs.get(policy, []), budget) for r in results]
@@ -198,3 +243,34 @@ def plots(results: list[SeedResult], budget: int, out: Path, policies: tuple[str
     plt.close(fig)
     written.append(path)
     return written
+
+
+def _memory_curve(results: list[SeedResult], budget: int, out: Path, policies: tuple[str, ...],
+                  sizes: list[str]) -> Path:
+    """memory_curve.png: per window, mean attempts to 90% of the best known against memory size."""
+    import matplotlib.pyplot as plt
+
+    best = _best(results, {})
+    windows = [a.partition("@")[2] for a in policies if a.startswith("active@")] or [""]
+    fig, axes = plt.subplots(1, len(windows), figsize=(4 * len(windows), 3.5), squeeze=False, sharey=True)
+    xs = [statistics.fmean(r.memory_attempts.get(size, 0) for r in results) for size in sizes]
+    for ax, window in zip(axes[0], windows, strict=True):
+        for arm in ("none", "static", "oracle", f"passive@{window}", f"active@{window}"):
+            if arm not in policies:
+                continue
+            ys = []
+            for size in sizes:
+                runs = _by_arm(results, size).get(arm, [])
+                ys.append(statistics.fmean(min(attempts_to_near_best(r, best[r.task_id]), budget + 1)
+                                           for r in runs) if runs else float("nan"))
+            ax.plot(xs, ys, marker="o", label=arm.partition("@")[0])
+        ax.set_xscale("log")
+        ax.set_title(f"window {window}" if window else "")
+        ax.set_xlabel("attempts in the memory")
+    axes[0][0].set_ylabel("attempts to 90% of best (mean)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "memory_curve.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

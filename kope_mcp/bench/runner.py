@@ -9,7 +9,9 @@ from collections import Counter
 from pathlib import Path
 
 from kope_mcp.bench.candidates import applicable
-from kope_mcp.bench.protocol import QUICK_FAMILIES, BenchConfig, SeedResult, plan, run_seed, to_json
+from kope_mcp.bench.catalogue import best_from_catalogue, measure_catalogue
+from kope_mcp.bench.config import QUICK_FAMILIES, BenchConfig, SeedResult, plan
+from kope_mcp.bench.protocol import run_seed, to_json
 from kope_mcp.bench.report import catalogue_table, markdown, plots
 from kope_mcp.tasks.registry import TaskRegistry
 
@@ -17,7 +19,7 @@ from kope_mcp.tasks.registry import TaskRegistry
 def quick_config(out: Path) -> BenchConfig:
     """CI-sized: three families, one warm-up and one held-out task each, one seed, 4 attempts."""
     return BenchConfig(out=out, seeds=1, budget=4, families=QUICK_FAMILIES, per_family=1, profile_s=0.1,
-                       windows=(8_000,))
+                       windows=(8_000,), catalogue_repeats=1)
 
 
 class BarProgress:
@@ -64,15 +66,21 @@ async def run_bench(config: BenchConfig) -> Path:
     started = time.monotonic()
     results: list[SeedResult] = []
     splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
-    progress = BarProgress(sum(len(warm) + len(config.arms) * len(held) for warm, held in splits))
+    held_out = sorted({t for _, held in splits for t in held})
+    sizes = len(config.memory_sizes) + 1
+    progress = BarProgress(len(held_out) + sum(len(warm) * config.warm_passes + sizes * len(config.arms) * len(held)
+                                               for warm, held in splits))
     try:
+        # The oracle's order and the floor of the best known speedups: measured first, on the held-out tasks.
+        catalogue = await measure_catalogue(config, held_out, progress, config.catalogue_repeats)
         for seed in range(config.seeds):
-            results.append(await run_seed(config, tasks, seed, progress))
+            results.append(await run_seed(config, tasks, seed, progress, catalogue))
             (config.out / "results.json").write_text(json.dumps(to_json(results), indent=1))
     finally:
         progress.close()
     report = config.out / "report.md"
-    text = markdown(results, config.budget, time.monotonic() - started, _catalogue(registry, config), config.arms)
+    text = markdown(results, config.budget, time.monotonic() - started, _catalogue(registry, config), config.arms,
+                    best_from_catalogue(catalogue))
     images = plots(results, config.budget, config.out, config.arms)
     report.write_text(text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in images) + "\n")
     return report

@@ -55,8 +55,8 @@ class Transcript:
             self._groups += 1
         self.messages.append(Message(role, text, list(items or []), pinned, dict(wire or {}),
                                      self._counter.count(text) + MESSAGE_OVERHEAD, self._groups))
-        self.peak_tokens = max(self.peak_tokens, self.tokens)
         self._trim()
+        self.peak_tokens = max(self.peak_tokens, self.tokens)
 
     def _trim(self) -> None:
         if self.window is None:

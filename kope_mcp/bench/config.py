@@ -1,0 +1,91 @@
+"""What a bench run is: its configuration, the seeded warm-up/held-out split, and the server every agent uses."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from mcp import StdioServerParameters
+
+from kope_mcp.bench.agent import TaskRun, arms
+from kope_mcp.bench.transcript import WINDOWS
+
+QUICK_FAMILIES = ("activation", "reduction", "normalization")
+
+
+@dataclass
+class BenchConfig:
+    out: Path
+    seeds: int = 3
+    budget: int = 8
+    families: tuple[str, ...] | None = None  # None: all
+    per_family: int | None = None  # cap on tasks per family and side (quick mode)
+    profile_s: float = 0.2
+    embeddings: bool = False
+    windows: tuple[int, ...] = WINDOWS  # the context windows (tokens) the memory policies are read through
+    warm_passes: int = 1  # passes of the warm-up over its tasks, each in another random order
+    warm_budget: int | None = None  # attempts per task in the warm-up (None: `budget`; 14 tries every strategy)
+    imports: tuple[Path, ...] = ()  # kope-memory exports added to the warmed memory (other hardware's experience)
+    memory_sizes: tuple[int, ...] = ()  # attempts kept of the warmed memory, oldest first; () = all of it
+    catalogue_repeats: int = 3  # profiles per catalogue entry (the median is kept)
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return arms(self.windows)
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    warmup: list[str]
+    held_out: list[str]
+    runs: dict[str, list[TaskRun]] = field(default_factory=dict)  # arm -> runs, on the largest memory
+    sized_runs: dict[str, dict[str, list[TaskRun]]] = field(default_factory=dict)  # memory size -> arm -> runs
+    warmup_seconds: float = 0.0
+    static_order: list[str] = field(default_factory=list)
+    memory_attempts: dict[str, int] = field(default_factory=dict)  # size label -> attempts in that memory
+
+
+class Progress(Protocol):
+    def started(self, label: str, task_id: str) -> None: ...
+    def finished(self, line: str) -> None: ...
+    def note(self, line: str) -> None: ...
+
+
+def split(tasks: Mapping[str, str], seed: int, per_family: int | None = None) -> tuple[list[str], list[str]]:
+    """(warm-up, held-out) task ids from {task_id: family}."""
+    warm: list[str] = []
+    held: list[str] = []
+    for family in sorted(set(tasks.values())):
+        ids = sorted(t for t, f in tasks.items() if f == family)
+        random.Random(f"split/{seed}/{family}").shuffle(ids)
+        cut = math.ceil(len(ids) / 2)
+        first, rest = ids[:cut], ids[cut:]
+        if per_family is not None:
+            first, rest = first[:per_family], rest[:per_family]
+        warm += first
+        held += rest
+    return warm, held
+
+
+def plan(config: BenchConfig, tasks: Mapping[str, str], seed: int) -> tuple[list[str], list[str]]:
+    """(warm-up, held-out) task ids of one seed under this configuration."""
+    if config.families is not None:
+        tasks = {t: f for t, f in tasks.items() if f in config.families}
+    return split(tasks, seed, config.per_family)
+
+
+def server_params(home: Path, config: BenchConfig, pin_one_core: bool = False) -> StdioServerParameters:
+    """A private `kope serve` on `home`; pinned to one core, its hardware key says `1c` (other hardware)."""
+    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_PROFILE_S": str(config.profile_s),
+           "KOPE_EMBEDDINGS": "on" if config.embeddings else "off"}
+    command = [sys.executable, "-m", "kope_mcp", "serve", "--no-daemon", "--log-level", "WARNING"]
+    if pin_one_core:
+        command = ["taskset", "-c", "0", *command]
+    return StdioServerParameters(command=command[0], args=command[1:], env=env)

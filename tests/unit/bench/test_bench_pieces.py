@@ -1,0 +1,67 @@
+"""The bench's pieces without servers: the split, the reader's evidence, the static order, the report."""
+
+from kope_mcp.bench.agent import TaskRun, evidence, static_order
+from kope_mcp.bench.config import SeedResult, split
+from kope_mcp.bench.report import markdown, plots
+
+
+def test_the_split_keeps_every_family_on_both_sides_and_depends_on_the_seed():
+    tasks = {f"{fam}_{i}": fam for fam in ("a", "b", "c") for i in range(4)}
+    warm, held = split(tasks, seed=0)
+    assert len(warm) == len(held) == 6 and not set(warm) & set(held)
+    assert {t.split("_")[0] for t in warm} == {t.split("_")[0] for t in held} == {"a", "b", "c"}
+    assert split(tasks, seed=1) != (warm, held) or split(tasks, seed=2) != (warm, held)
+
+
+def item(kind: str, strategy: str, task: str, family: str, label: str, step: float | None = None,
+         hardware: str = "hw") -> dict:
+    return {"kind": kind, "strategy": strategy, "task_id": task, "family": family, "label": label,
+            "step_ratio": step, "confidence": 0.9, "hardware": hardware}
+
+
+def test_evidence_rewards_measured_steps_on_the_family_and_penalises_pitfalls():
+    items = [
+        item("case", "fast math", "dot", "reduction", "effective", 2.5),
+        item("pitfall", "OpenMP over the outer loop", "sum_reduce", "reduction", "incorrect"),
+        item("case", "restrict pointers", "relu", "activation", "effective", 3.0),
+        item("fix", "AVX2 horizontal-sum helper", "dot", "reduction", "compile_error"),
+        item("case", "unroll by 4", "dot", "reduction", "effective", 2.5, hardware="other"),
+        item("target", "", "l2_norm", "reduction", ""),
+    ]
+    scores = evidence(items, family="reduction", task_id="l2_norm", hardware="hw")
+    assert scores["fast math"] > scores["unroll by 4"] > 0  # other hardware counts half
+    assert scores["fast math"] > scores["restrict pointers"] > 0  # another family counts a quarter
+    assert scores["openmp over the outer loop"] < 0
+    assert scores["avx2 horizontal-sum helper"] < 0  # broke, even though it was repaired
+
+
+def test_the_static_order_pools_every_task_best_first():
+    history = {"items": [item("case", "fast math", "dot", "reduction", "effective", 1.5),
+                         item("case", "restrict pointers", "relu", "activation", "effective", 3.0),
+                         item("pitfall", "vector loop without tail", "relu", "activation", "incorrect")]}
+    assert static_order(history) == ["restrict pointers", "fast math", "vector loop without tail"]
+
+
+def synthetic_run(task: str, arm: str, seed: int, curve: list[float]) -> TaskRun:
+    return TaskRun(task_id=task, family="f", policy=arm, seed=seed, budget=len(curve), attempts=len(curve),
+                   first_correct=1, best_speedup=max(curve), best_by_attempt=curve, load=[1.0] * len(curve))
+
+
+def test_the_report_leads_with_the_memory_curve_and_says_where_active_beats_ties_or_loses(tmp_path):
+    fast, slow = [4.0, 4.0, 4.0], [1.0, 1.0, 4.0]
+    arms = ("none", "static", "oracle", "passive@8k", "active@8k")
+    results = []
+    for seed in range(2):
+        sized = {size: {arm: [synthetic_run(f"t{i}", arm, seed,
+                                            fast if arm in ("active@8k", "oracle") or (arm == "passive@8k" and
+                                                                                       size == "10") else slow)
+                              for i in range(6)] for arm in arms} for size in ("10", "all")}
+        results.append(SeedResult(seed=seed, warmup=["w"], held_out=[f"t{i}" for i in range(6)], runs=sized["all"],
+                                  sized_runs=sized, memory_attempts={"10": 10, "all": 400}))
+    text = markdown(results, 3, 60.0, None, arms, {"t0": 4.0})
+    assert text.index("Against memory size") < text.index("## Speedups and tokens")
+    assert "| 10 (10) | 3.00 | 3.00 | 1.00 | 1.00 | 1.00 |" in text
+    assert "| 8k | passive@8k | -2.00 (-2.00 to -2.00) | 12 | beats passive@8k |" in text
+    assert "at 8k, active beats passive@8k, beats static, ties oracle, beats none" in text
+    images = plots(results, 3, tmp_path, arms)
+    assert (tmp_path / "memory_curve.png") in images
