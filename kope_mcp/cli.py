@@ -41,19 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
     bench = sub.add_parser("bench", help="the KOPE ablation: memory off / passive / active on held-out tasks")
     bench.add_argument("--quick", action="store_true", help="CI-sized: 3 families, 1 seed, 4 attempts (minutes)")
-    bench.add_argument("--seeds", type=int, default=3)
-    bench.add_argument("--budget", type=int, default=8, help="attempts per task")
+    bench.add_argument("--seeds", type=int, help="seeds (default 1; each re-splits warm-up and held-out tasks)")
+    bench.add_argument("--budget", type=int, help="attempts per task (default 8; --quick 4)")
+    bench.add_argument("--held-per-family", type=int, help="held-out tasks per family (default 1)")
+    bench.add_argument("--one-core-warmup", action=argparse.BooleanOptionalAction, default=None,
+                       help="also warm up pinned to one core and import it as other hardware (default: on; "
+                            "--quick: off)")
     bench.add_argument("--families", nargs="*", help="only these families (default: all)")
     bench.add_argument("--out", help="results folder (default: results/bench-<timestamp>)")
     bench.add_argument("--windows", type=int, nargs="*",
                        help="context windows (tokens) the scripted agent reads through (default: 8000 32000 128000 "
                             "200000; --quick: 8000)")
-    bench.add_argument("--warm-passes", type=int, default=1, help="passes of the warm-up over its tasks")
+    bench.add_argument("--warm-passes", type=int, help="passes of the warm-up over its tasks (default 1)")
     bench.add_argument("--warm-budget", type=int, help="attempts per task in the warm-up (default: --budget; 14 "
                                                       "tries every strategy that applies)")
     bench.add_argument("--import-memory", nargs="*", default=[], metavar="FILE",
                        help="kope-memory exports to add to the warmed memory (e.g. another machine's experience)")
-    bench.add_argument("--memory-sizes", type=int, nargs="*", default=[], metavar="N",
+    bench.add_argument("--memory-sizes", type=int, nargs="*", metavar="N",
                        help="also run every arm from the warmed memory cut to its N oldest attempts (the curve)")
     bench.add_argument("--agent", choices=["scripted", "llm"], default="scripted",
                        help="scripted (default), or llm: a model behind an OpenAI-compatible endpoint")
@@ -205,22 +209,26 @@ def _bench(args: argparse.Namespace) -> int:
 
     import anyio
 
-    from kope_mcp.bench.config import BenchConfig
-    from kope_mcp.bench.runner import BarProgress, quick_config, run_bench
+    from kope_mcp.bench.runner import BarProgress, full_config, quick_config, run_bench
 
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    config = quick_config(out) if args.quick else BenchConfig(
-        out=out, seeds=args.seeds, budget=args.budget, families=tuple(args.families) if args.families else None)
+    config = quick_config(out) if args.quick else full_config(out)
+    for name in ("seeds", "budget", "held_per_family", "one_core_warmup", "warm_passes", "warm_budget"):
+        if getattr(args, name) is not None:
+            setattr(config, name, getattr(args, name))
+    if args.memory_sizes is not None:
+        config.memory_sizes = tuple(args.memory_sizes)
     if args.families:
         config.families = tuple(args.families)
     missing = [f for f in args.import_memory if not Path(f).is_file()]
-    if missing or args.warm_passes < 1 or any(n < 1 for n in args.memory_sizes):
-        print(f"error: --import-memory takes existing kope-memory export files (not found: {missing}); "
-              "--warm-passes and --memory-sizes take positive numbers", file=sys.stderr)
+    numbers = [config.seeds, config.budget, config.warm_passes, config.warm_budget or 1,
+               config.held_per_family or 1, *config.memory_sizes]
+    if missing or any(n < 1 for n in numbers):
+        print(f"error: --import-memory takes existing kope-memory export files (not found: {missing}); --seeds, "
+              "--budget, --warm-passes, --warm-budget, --held-per-family and --memory-sizes take positive numbers",
+              file=sys.stderr)
         return 2
-    config.warm_passes, config.warm_budget = args.warm_passes, args.warm_budget
     config.imports = tuple(Path(f) for f in args.import_memory)
-    config.memory_sizes = tuple(args.memory_sizes)
     if args.windows:
         if any(w < 1000 for w in args.windows):
             print(f"error: --windows takes token counts of at least 1000, got {args.windows}", file=sys.stderr)

@@ -26,12 +26,14 @@ class BenchConfig:
     budget: int = 8
     families: tuple[str, ...] | None = None  # None: all
     per_family: int | None = None  # cap on tasks per family and side (quick mode)
+    held_per_family: int | None = None  # cap on held-out tasks per family (the warm-up keeps its half)
     profile_s: float = 0.2
     embeddings: bool = False
     windows: tuple[int, ...] = WINDOWS  # the context windows (tokens) the memory policies are read through
     warm_passes: int = 1  # passes of the warm-up over its tasks, each in another random order
     warm_budget: int | None = None  # attempts per task in the warm-up (None: `budget`; 14 tries every strategy)
     imports: tuple[Path, ...] = ()  # kope-memory exports added to the warmed memory (other hardware's experience)
+    one_core_warmup: bool = False  # also warm up pinned to one core and import that (a distinct `1c` hardware key)
     memory_sizes: tuple[int, ...] = ()  # attempts kept of the warmed memory, oldest first; () = all of it
     catalogue_repeats: int = 3  # profiles per catalogue entry (the median is kept)
 
@@ -78,11 +80,18 @@ def plan(config: BenchConfig, tasks: Mapping[str, str], seed: int) -> tuple[list
     """(warm-up, held-out) task ids of one seed under this configuration."""
     if config.families is not None:
         tasks = {t: f for t, f in tasks.items() if f in config.families}
-    return split(tasks, seed, config.per_family)
+    warm, held = split(tasks, seed, config.per_family)
+    if config.held_per_family is not None:
+        per_family: dict[str, list[str]] = {}
+        for task_id in held:
+            per_family.setdefault(tasks[task_id], []).append(task_id)
+        held = [t for t in held if t in per_family[tasks[t]][:config.held_per_family]]
+    return warm, held
 
 
 def server_params(home: Path, config: BenchConfig, pin_one_core: bool = False) -> StdioServerParameters:
     """A private `kope serve` on `home`; pinned to one core, its hardware key says `1c` (other hardware)."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)  # a home must be private (the server says so otherwise)
     env = {**os.environ, "KOPE_HOME": str(home), "KOPE_PROFILE_S": str(config.profile_s),
            "KOPE_EMBEDDINGS": "on" if config.embeddings else "off"}
     command = [sys.executable, "-m", "kope_mcp", "serve", "--no-daemon", "--log-level", "WARNING"]

@@ -30,6 +30,8 @@ from kope_mcp.bench.catalogue import Catalogue, oracle_order
 from kope_mcp.bench.config import BenchConfig, Progress, SeedResult, plan, server_params
 from kope_mcp.bench.memories import attempts_in, kope_memory, truncate_export
 
+MEMORYLESS = ("none", "oracle")
+
 
 def _line(label: str, i: int, n: int, run: TaskRun) -> str:
     return (f"{label:<22} [{i:>2}/{n}] {run.task_id:<22} {'solved' if run.solved else 'FAILED':<6} best "
@@ -37,12 +39,13 @@ def _line(label: str, i: int, n: int, run: TaskRun) -> str:
 
 
 async def run_tasks(home: Path, config: BenchConfig, policy: str, task_ids: list[str], seed: int,
-                    progress: Progress, label: str | None = None, budget: int | None = None) -> list[TaskRun]:
+                    progress: Progress, label: str | None = None, budget: int | None = None,
+                    pin_one_core: bool = False) -> list[TaskRun]:
     """One arm over several tasks through one server (the warm-up, the LLM bench's memory)."""
     runs: list[TaskRun] = []
     label = label or f"seed {seed} {policy}"
     client_info = Implementation(name=f"bench-{policy}", version="1")
-    async with Client(server_params(home, config), client_info=client_info) as c:
+    async with Client(server_params(home, config, pin_one_core), client_info=client_info) as c:
         for i, task_id in enumerate(task_ids, 1):
             progress.started(label, task_id)
             run = await run_task(c, task_id, policy, budget or config.budget, seed)
@@ -56,7 +59,16 @@ async def warm_memory(config: BenchConfig, warm: list[str], seed: int, home: Pat
         label = f"seed {seed} warm-up" + (f" {p + 1}/{config.warm_passes}" if config.warm_passes > 1 else "")
         await run_tasks(home, config, "none", warm, seed + 10_000 + 1000 * p, progress, label,
                         budget=config.warm_budget)
-    for export in config.imports:
+    imports = list(config.imports)
+    if config.one_core_warmup:
+        # The same warm-up on "other hardware": one core, so OpenMP wins shrink and the key ends in /1c.
+        other = home.parent / "warm-1c"
+        for p in range(config.warm_passes):
+            await run_tasks(other, config, "none", warm, seed + 20_000 + 1000 * p, progress,
+                            f"seed {seed} warm-up 1c", budget=config.warm_budget, pin_one_core=True)
+        imports.append(home.parent / "warm-1c.jsonl")
+        kope_memory(other, "export", imports[-1])
+    for export in imports:
         progress.note(f"seed {seed}: importing {export}: {kope_memory(home, 'import', export)}")
 
 
@@ -71,12 +83,23 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
     await warm_memory(config, warm, seed, warm_home, progress)
     result.warmup_seconds = time.monotonic() - started
     result.static_order = await _static_order(warm_home, config)
-    for size, home in _sized_homes(config, root, warm_home):
+    homes = _sized_homes(config, root, warm_home)
+    memoryless: dict[str, list[TaskRun]] = {}
+    for n, (size, home) in enumerate(reversed(homes)):
         result.memory_attempts[size] = attempts_in(home / "memory-export.jsonl")
         progress.note(f"seed {seed}: memory '{size}' holds {result.memory_attempts[size]} attempts")
+        # `none` and `oracle` read no memory: they run once, on the largest, and count for every size.
+        arms = [a for a in config.arms if n == 0 or a not in MEMORYLESS]
+        # The static order is the global order of the memory the arms start from, whatever its size.
+        static = result.static_order if size == "all" else await _static_order(home, config)
         result.sized_runs[size] = await _interleaved(config, home, root / f"arms-{size}", held, seed, progress,
-                                                     result.static_order, catalogue, size)
-    result.runs = result.sized_runs[list(result.sized_runs)[-1]]  # the largest memory
+                                                     arms, static, catalogue, size)
+        if n == 0:
+            memoryless = {a: r for a, r in result.sized_runs[size].items() if a in MEMORYLESS}
+        else:
+            result.sized_runs[size] |= memoryless
+    result.sized_runs = {size: result.sized_runs[size] for size, _ in homes}  # smallest first
+    result.runs = result.sized_runs["all"]
     return result
 
 
@@ -99,9 +122,9 @@ def _sized_homes(config: BenchConfig, root: Path, warm_home: Path) -> list[tuple
 
 
 async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, held: list[str], seed: int,
-                       progress: Progress, static: list[str], catalogue: Catalogue | None,
+                       progress: Progress, arms: list[str], static: list[str], catalogue: Catalogue | None,
                        size: str) -> dict[str, list[TaskRun]]:
-    arms = [a for a in config.arms if a != "oracle" or catalogue is not None]
+    arms = [a for a in arms if a != "oracle" or catalogue is not None]
     runs: dict[str, list[TaskRun]] = {arm: [] for arm in arms}
     async with AsyncExitStack() as stack:
         clients = {}

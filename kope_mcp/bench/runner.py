@@ -16,6 +16,14 @@ from kope_mcp.bench.report import catalogue_table, markdown, plots
 from kope_mcp.tasks.registry import TaskRegistry
 
 
+def full_config(out: Path) -> BenchConfig:
+    """`kope bench`: sized to finish in under 90 minutes on a 2-core machine. Every family, one held-out task
+    each; the warm-up tries every strategy on the other half, here and pinned to one core (another hardware key),
+    so the memory (~1k attempts) outgrows the small windows; the curve at 100, 300 and all of it."""
+    return BenchConfig(out=out, seeds=1, budget=8, held_per_family=1, warm_budget=14, one_core_warmup=True,
+                       memory_sizes=(100, 300), profile_s=0.1)
+
+
 def quick_config(out: Path) -> BenchConfig:
     """CI-sized: three families, one warm-up and one held-out task each, one seed, 4 attempts."""
     return BenchConfig(out=out, seeds=1, budget=4, families=QUICK_FAMILIES, per_family=1, profile_s=0.1,
