@@ -24,6 +24,13 @@ def compare_output(
     flat_got = got.reshape(-1)
     got64 = flat_got.astype(np.float64)
     exp = expected.reshape(-1)
+    if exp.dtype == np.float64 and np.isfinite(got64).all() and np.isfinite(exp).all():
+        return _compare_finite(got64, exp, tol)
+    return _compare_general(flat_got, got64, exp, tol)
+
+
+def _compare_general(flat_got: np.ndarray, got64: np.ndarray, exp: np.ndarray, tol: Tolerance
+                     ) -> tuple[int, int, int, float | None, float | None, int | None, float | None, float | None]:
     unwritten = _poisoned(flat_got)
     finite = np.isfinite(got64)
     exp_finite = np.isfinite(exp)
@@ -44,6 +51,22 @@ def compare_output(
     exp_at = float(exp[first]) if first is not None and np.isfinite(exp[first]) else None
     got_at = float(got64[first]) if first is not None and np.isfinite(got64[first]) else None
     return int(bad.sum()), int(unwritten.sum()), nonfinite, max_abs, max_rel, first, exp_at, got_at
+
+
+def _compare_finite(got64: np.ndarray, exp: np.ndarray, tol: Tolerance
+                    ) -> tuple[int, int, int, float | None, float | None, int | None, float | None, float | None]:
+    """compare_output when every value is finite (the usual case, and nothing was left poisoned: poison is a
+    NaN): the same figures without the masks and masked copies, which cost ~3x on 16M-element outputs."""
+    if not exp.size:
+        return 0, 0, 0, None, None, None, None, None
+    abs_exp = np.abs(exp)
+    err = np.abs(got64 - exp)
+    bad = err > tol.atol + tol.rtol * abs_exp
+    rel = np.divide(err, abs_exp, out=np.zeros_like(err), where=abs_exp > 0)
+    mismatches = int(np.count_nonzero(bad))
+    first = int(np.argmax(bad)) if mismatches else None
+    return (mismatches, 0, 0, float(err.max()), float(rel.max()) if (abs_exp > 0).any() else None, first,
+            float(exp[first]) if first is not None else None, float(got64[first]) if first is not None else None)
 
 
 def judge_case(

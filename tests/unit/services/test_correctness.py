@@ -45,3 +45,37 @@ def test_merging_seeds_keeps_the_worst():
     bad, _ = judge(np.array([0, 0, 1], dtype=np.float32), np.zeros(3))
     merged = merge_seeds([good, bad])
     assert not merged.passed and merged.first_bad_index == 2 and merged.max_abs_error == 1.0
+
+
+def test_the_finite_fast_path_gives_the_same_figures_as_the_general_comparison():
+    from kope_mcp.services.correctness import _compare_finite, _compare_general
+
+    rng = np.random.default_rng(3)
+    exp = rng.standard_normal(10_000)
+    exp[[4, 50]] = 0.0
+    got = (exp * (1 + rng.standard_normal(exp.size) * 1e-7)).astype(np.float32)
+    got[[7, 50, 9_999]] = [5.0, 1e-3, -2.0]
+    tol = Tolerance(atol=1e-5, rtol=1e-5)
+    got64 = got.astype(np.float64)
+    assert _compare_finite(got64, exp, tol) == _compare_general(got, got64, exp, tol)
+    assert _compare_finite(got64, exp, tol)[0] == 3
+    same = exp.astype(np.float32)
+    assert _compare_finite(same.astype(np.float64), exp, tol) == _compare_general(same, same.astype(np.float64),
+                                                                                  exp, tol)
+
+
+def test_the_consistency_check_compares_bit_for_bit_first_and_still_catches_a_changed_result():
+    from kope_mcp.harness import Consistency
+
+    first = np.arange(1000, dtype=np.float32)
+    checks = Consistency(atol=1e-5, rtol=1e-5)
+    checks.check(0, {"y": first}, 0)
+    checks.check(0, {"y": first.copy()}, 1)
+    assert checks.bad_calls == 0
+    changed = first.copy()
+    changed[10] = np.nan
+    checks.check(0, {"y": changed}, 2)
+    assert checks.bad_calls == 1 and "y[10]" in (checks.first_problem or "")
+    close = first + 1e-9
+    checks.check(0, {"y": close}, 3)
+    assert checks.bad_calls == 1  # within tolerance but not bitwise: isclose decides
