@@ -37,6 +37,7 @@ from kope_mcp.harness import (
     _load_reference,
     _omp_team_size,
     _relative_iqr,
+    bitwise_equal,
     poison,
 )
 
@@ -245,7 +246,7 @@ class CandidateBuffers:
             for name, pristine in s.inputs.items():
                 seen = np.empty_like(pristine)
                 _transfer(self.pid, [(seen.ctypes.data, *self.region.address(("in", i, name)))], write=False)
-                if not np.array_equal(seen, pristine, equal_nan=True):
+                if not bitwise_equal(seen, pristine) and not np.array_equal(seen, pristine, equal_nan=True):
                     modified.add(name)
         return sorted(modified)
 
