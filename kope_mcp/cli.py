@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="kope-memory exports to add to the warmed memory (e.g. another machine's experience)")
     bench.add_argument("--memory-sizes", type=int, nargs="*", metavar="N",
                        help="also run every arm from the warmed memory cut to its N oldest attempts (the curve)")
+    bench.add_argument("--report", metavar="DIR", help="only re-render DIR/report.md and its plots from "
+                                                      "DIR/results.json (a stopped run keeps what it measured)")
     bench.add_argument("--agent", choices=["scripted", "llm"], default="scripted",
                        help="scripted (default), or llm: a model behind an OpenAI-compatible endpoint")
     bench.add_argument("--base-url", help="llm: the API root, e.g. http://127.0.0.1:8000/v1")
@@ -234,6 +236,18 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"error: --windows takes token counts of at least 1000, got {args.windows}", file=sys.stderr)
             return 2
         config.windows = tuple(args.windows)
+    if args.report:
+        from kope_mcp.bench.runner import write_report
+
+        if not (Path(args.report) / "results.json").is_file():
+            print(f"error: {args.report} holds no results.json (give the --out folder of a kope bench run)",
+                  file=sys.stderr)
+            return 2
+        config.out = Path(args.report)
+        report = write_report(config)
+        print(report.read_text())
+        print(f"report: {report}")
+        return 0
     if args.agent == "llm":
         from kope_mcp.bench.llm import LlmSettings
         from kope_mcp.bench.llm_runner import run_llm_bench

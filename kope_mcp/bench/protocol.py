@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from mcp import Client
 from mcp.types import Implementation
@@ -73,7 +74,10 @@ async def warm_memory(config: BenchConfig, warm: list[str], seed: int, home: Pat
 
 
 async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, progress: Progress,
-                   catalogue: Catalogue | None = None) -> SeedResult:
+                   catalogue: Catalogue | None = None,
+                   save: Callable[[SeedResult], None] | None = None) -> SeedResult:
+    """One seed; `save` is called with the partial result after each memory size (a long run killed midway
+    keeps what it measured)."""
     warm, held = plan(config, tasks, seed)
     result = SeedResult(seed=seed, warmup=warm, held_out=held)
     root = config.out / f"seed-{seed}"
@@ -96,8 +100,11 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
                                                      arms, static, catalogue, size)
         if n == 0:
             memoryless = {a: r for a, r in result.sized_runs[size].items() if a in MEMORYLESS}
+            result.runs = result.sized_runs[size]
         else:
             result.sized_runs[size] |= memoryless
+        if save is not None:
+            save(result)
     result.sized_runs = {size: result.sized_runs[size] for size, _ in homes}  # smallest first
     result.runs = result.sized_runs["all"]
     return result
@@ -160,3 +167,13 @@ def to_json(results: list[SeedResult]) -> list[dict[str, object]]:
              "runs": {p: [asdict(run) for run in runs] for p, runs in r.runs.items()},
              "sized_runs": {size: {p: [asdict(run) for run in runs] for p, runs in by_arm.items()}
                             for size, by_arm in r.sized_runs.items()}} for r in results]
+
+
+def from_json(rows: list[dict[str, Any]]) -> list[SeedResult]:
+    """results.json back into results (to re-render a report)."""
+    def runs(by_arm: dict[str, list[dict[str, Any]]]) -> dict[str, list[TaskRun]]:
+        return {arm: [TaskRun(**r) for r in items] for arm, items in by_arm.items()}
+    return [SeedResult(seed=r["seed"], warmup=r["warmup"], held_out=r["held_out"], runs=runs(r["runs"]),
+                       sized_runs={size: runs(b) for size, b in r.get("sized_runs", {}).items()},
+                       warmup_seconds=r.get("warmup_seconds", 0.0), static_order=r.get("static_order", []),
+                       memory_attempts=r.get("memory_attempts", {})) for r in rows]

@@ -11,7 +11,7 @@ from pathlib import Path
 from kope_mcp.bench.candidates import applicable
 from kope_mcp.bench.catalogue import best_from_catalogue, measure_catalogue
 from kope_mcp.bench.config import QUICK_FAMILIES, BenchConfig, SeedResult, plan
-from kope_mcp.bench.protocol import run_seed, to_json
+from kope_mcp.bench.protocol import from_json, run_seed, to_json
 from kope_mcp.bench.report import catalogue_table, markdown, plots
 from kope_mcp.tasks.registry import TaskRegistry
 
@@ -73,6 +73,10 @@ async def run_bench(config: BenchConfig) -> Path:
     tasks = {t.id: t.spec.family for t in registry.list()}
     started = time.monotonic()
     results: list[SeedResult] = []
+
+    def save(partial: SeedResult) -> None:
+        (config.out / "results.json").write_text(json.dumps(to_json([*results, partial]), indent=1))
+
     splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
     held_out = sorted({t for _, held in splits for t in held})
     sizes = len(config.memory_sizes) + 1
@@ -82,13 +86,26 @@ async def run_bench(config: BenchConfig) -> Path:
         # The oracle's order and the floor of the best known speedups: measured first, on the held-out tasks.
         catalogue = await measure_catalogue(config, held_out, progress, config.catalogue_repeats)
         for seed in range(config.seeds):
-            results.append(await run_seed(config, tasks, seed, progress, catalogue))
-            (config.out / "results.json").write_text(json.dumps(to_json(results), indent=1))
+            results.append(await run_seed(config, tasks, seed, progress, catalogue, save))
     finally:
         progress.close()
+    (config.out / "wall_seconds").write_text(f"{time.monotonic() - started:.0f}\n")
+    return write_report(config, registry)
+
+
+def write_report(config: BenchConfig, registry: TaskRegistry | None = None) -> Path:
+    """report.md and the plots from the folder's results.json and catalogue.json (`kope bench --report DIR`
+    re-renders them, for a run that was stopped or to change the report)."""
+    results = from_json(json.loads((config.out / "results.json").read_text()))
+    catalogue_path = config.out / "catalogue.json"
+    catalogue = json.loads(catalogue_path.read_text()) if catalogue_path.exists() else {}
+    wall_path = config.out / "wall_seconds"
+    wall = float(wall_path.read_text()) if wall_path.exists() else float("nan")
+    arms = tuple(dict.fromkeys(arm for r in results for arm in r.runs)) or config.arms
+    budget = next((run.budget for r in results for runs in r.runs.values() for run in runs), config.budget)
     report = config.out / "report.md"
-    text = markdown(results, config.budget, time.monotonic() - started, _catalogue(registry, config), config.arms,
+    text = markdown(results, budget, wall, _catalogue(registry or TaskRegistry.default(), config), arms,
                     best_from_catalogue(catalogue))
-    images = plots(results, config.budget, config.out, config.arms)
+    images = plots(results, budget, config.out, arms)
     report.write_text(text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in images) + "\n")
     return report

@@ -1,5 +1,7 @@
 """The bench's pieces without servers: the split, the reader's evidence, the static order, the report."""
 
+import json
+
 from kope_mcp.bench.agent import TaskRun, evidence, static_order
 from kope_mcp.bench.config import SeedResult, split
 from kope_mcp.bench.report import markdown, plots
@@ -65,3 +67,19 @@ def test_the_report_leads_with_the_memory_curve_and_says_where_active_beats_ties
     assert "at 8k, active beats passive@8k, beats static, ties oracle, beats none" in text
     images = plots(results, 3, tmp_path, arms)
     assert (tmp_path / "memory_curve.png") in images
+
+
+def test_a_stopped_run_is_re_rendered_from_its_results_json(tmp_path, capsys):
+    from kope_mcp.bench.protocol import to_json
+    from kope_mcp.cli import main as kope_main
+
+    arms = ("none", "active@8k")
+    sized = {size: {arm: [synthetic_run("t0", arm, 0, [1.0, 2.0, 2.0])] for arm in arms} for size in ("10", "all")}
+    result = SeedResult(seed=0, warmup=["w"], held_out=["t0"], runs=sized["all"], sized_runs=sized,
+                        memory_attempts={"10": 10, "all": 50})
+    (tmp_path / "results.json").write_text(json.dumps(to_json([result])))
+    assert kope_main(["bench", "--report", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "budget 3 attempts" in text and "| 10 (10) |" in text and (tmp_path / "memory_curve.png").exists()
+    assert kope_main(["bench", "--report", str(tmp_path / "nothing")]) == 2
+    assert "holds no results.json" in capsys.readouterr().err
