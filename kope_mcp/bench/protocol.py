@@ -88,6 +88,7 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
     result.warmup_seconds = time.monotonic() - started
     result.static_order = await _static_order(warm_home, config)
     homes = _sized_homes(config, root, warm_home)
+    result.sized_runs = {size: {} for size, _ in homes}  # smallest first, whatever order they run in
     memoryless: dict[str, list[TaskRun]] = {}
     for n, (size, home) in enumerate(reversed(homes)):
         result.memory_attempts[size] = attempts_in(home / "memory-export.jsonl")
@@ -105,7 +106,6 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
             result.sized_runs[size] |= memoryless
         if save is not None:
             save(result)
-    result.sized_runs = {size: result.sized_runs[size] for size, _ in homes}  # smallest first
     result.runs = result.sized_runs["all"]
     return result
 

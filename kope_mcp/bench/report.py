@@ -155,6 +155,7 @@ def headline(results: list[SeedResult], budget: int, policies: tuple[str, ...],
     sizes = list(results[0].sized_runs) if results and results[0].sized_runs else []
     if len(sizes) > 1:
         attempts = {size: statistics.fmean(r.memory_attempts.get(size, 0) for r in results) for size in sizes}
+        sizes.sort(key=lambda size: attempts[size])
         lines += ["Against memory size (attempts in the memory each arm starts from; mean attempts to 90%, budget "
                   f"{budget}):", "", "| memory (attempts) | " + " | ".join(policies) + " |",
                   "| --- |" + " --- |" * len(policies)]
@@ -228,6 +229,7 @@ def plots(results: list[SeedResult], budget: int, out: Path, policies: tuple[str
         written.append(path)
     sizes = list(results[0].sized_runs) if results and results[0].sized_runs else []
     if len(sizes) > 1:
+        sizes.sort(key=lambda size: statistics.fmean(r.memory_attempts.get(size, 0) for r in results))
         written.append(_memory_curve(results, budget, out, policies, sizes))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for policy in policies:
