@@ -9,6 +9,8 @@ import textwrap
 import time
 from typing import Any
 
+from kope_mcp.bench.command import add_bench_parser, run_bench_command
+
 
 def main(argv: list[str] | None = None) -> int:
     import kope_mcp
@@ -39,36 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks.add_argument("--family", help="only this family")
     sub.add_parser("doctor", help="what this machine offers: compilers, OpenMP, ISA, caches, sandbox")
     sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
-    bench = sub.add_parser("bench", help="the KOPE ablation: memory off / passive / active on held-out tasks")
-    bench.add_argument("--quick", action="store_true", help="CI-sized: 3 families, 1 seed, 4 attempts (minutes)")
-    bench.add_argument("--seeds", type=int, help="seeds (default 1; each re-splits warm-up and held-out tasks)")
-    bench.add_argument("--budget", type=int, help="attempts per task (default 8; --quick 4)")
-    bench.add_argument("--held-per-family", type=int, help="held-out tasks per family (default 1)")
-    bench.add_argument("--one-core-warmup", action=argparse.BooleanOptionalAction, default=None,
-                       help="also warm up pinned to one core and import it as other hardware (default: on; "
-                            "--quick: off)")
-    bench.add_argument("--families", nargs="*", help="only these families (default: all)")
-    bench.add_argument("--out", help="results folder (default: results/bench-<timestamp>)")
-    bench.add_argument("--windows", type=int, nargs="*",
-                       help="context windows (tokens) the scripted agent reads through (default: 8000 32000 128000 "
-                            "200000; --quick: 8000)")
-    bench.add_argument("--warm-passes", type=int, help="passes of the warm-up over its tasks (default 1)")
-    bench.add_argument("--warm-budget", type=int, help="attempts per task in the warm-up (default: --budget; 14 "
-                                                      "tries every strategy that applies)")
-    bench.add_argument("--import-memory", nargs="*", default=[], metavar="FILE",
-                       help="kope-memory exports to add to the warmed memory (e.g. another machine's experience)")
-    bench.add_argument("--memory-sizes", type=int, nargs="*", metavar="N",
-                       help="also run every arm from the warmed memory cut to its N oldest attempts (the curve)")
-    bench.add_argument("--report", metavar="DIR", help="only re-render DIR/report.md and its plots from "
-                                                      "DIR/results.json (a stopped run keeps what it measured)")
-    bench.add_argument("--agent", choices=["scripted", "llm"], default="scripted",
-                       help="scripted (default), or llm: a model behind an OpenAI-compatible endpoint")
-    bench.add_argument("--base-url", help="llm: the API root, e.g. http://127.0.0.1:8000/v1")
-    bench.add_argument("--model", help="llm: the model name the endpoint serves")
-    bench.add_argument("--api-key-env", default="OPENAI_API_KEY",
-                       help="llm: the environment variable holding the API key (default OPENAI_API_KEY; unset: none)")
-    bench.add_argument("--context-window", type=int, default=32_000,
-                       help="llm: trim the chat to this many tokens (default 32000)")
+    add_bench_parser(sub)
     memory = sub.add_parser("memory", help="inspect and move the experience memory under KOPE_HOME")
     memory.add_argument("action", choices=["stats", "show", "export", "import"])
     memory.add_argument("target", nargs="?", help="an id for `show`, a .jsonl file for `export`/`import`")
@@ -86,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"tasks {args.action or ''}: one task id or folder, got {len(args.task_id)}")
         return _tasks(args.action, args.task_id[0] if args.task_id else None, args.family, args.replace)
     if args.command == "bench":
-        return _bench(args)
+        return run_bench_command(args)
     if args.command == "doctor":
         return _doctor()
     return _demo()
@@ -202,86 +175,6 @@ def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
         serve_http(settings, options, sock, on_ready=ready)
     finally:
         ownership.release()
-    return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
-    import anyio
-
-    from kope_mcp.bench.runner import BarProgress, full_config, quick_config, run_bench
-
-    out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    config = quick_config(out) if args.quick else full_config(out)
-    for name in ("seeds", "budget", "held_per_family", "one_core_warmup", "warm_passes", "warm_budget"):
-        if getattr(args, name) is not None:
-            setattr(config, name, getattr(args, name))
-    if args.memory_sizes is not None:
-        config.memory_sizes = tuple(args.memory_sizes)
-    if args.families:
-        config.families = tuple(args.families)
-    missing = [f for f in args.import_memory if not Path(f).is_file()]
-    numbers = [config.seeds, config.budget, config.warm_passes, config.warm_budget or 1,
-               config.held_per_family or 1, *config.memory_sizes]
-    if missing or any(n < 1 for n in numbers):
-        print(f"error: --import-memory takes existing kope-memory export files (not found: {missing}); --seeds, "
-              "--budget, --warm-passes, --warm-budget, --held-per-family and --memory-sizes take positive numbers",
-              file=sys.stderr)
-        return 2
-    config.imports = tuple(Path(f) for f in args.import_memory)
-    if args.windows:
-        if any(w < 1000 for w in args.windows):
-            print(f"error: --windows takes token counts of at least 1000, got {args.windows}", file=sys.stderr)
-            return 2
-        config.windows = tuple(args.windows)
-    if args.report:
-        from kope_mcp.bench.runner import write_report
-
-        if not (Path(args.report) / "results.json").is_file():
-            print(f"error: {args.report} holds no results.json (give the --out folder of a kope bench run)",
-                  file=sys.stderr)
-            return 2
-        config.out = Path(args.report)
-        report = write_report(config)
-        print(report.read_text())
-        print(f"report: {report}")
-        return 0
-    if args.agent == "llm":
-        from kope_mcp.bench.llm import LlmSettings
-        from kope_mcp.bench.llm_runner import run_llm_bench
-
-        if not args.base_url or not args.model:
-            print("error: --agent llm needs --base-url (an OpenAI-compatible API root, e.g. "
-                  "http://127.0.0.1:8000/v1) and --model", file=sys.stderr)
-            return 2
-        settings = LlmSettings(base_url=args.base_url, model=args.model, context_window=args.context_window,
-                               api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
-                               attempts=config.budget)
-        from kope_mcp.bench.config import plan
-        from kope_mcp.bench.llm import LLM_POLICIES, endpoint_failure
-        from kope_mcp.tasks.registry import TaskRegistry
-
-        tasks = {t.id: t.spec.family for t in TaskRegistry.default().list()}
-        splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
-        progress = BarProgress(sum(len(w) + len(LLM_POLICIES) * len(h) for w, h in splits))
-        try:
-            report = anyio.run(run_llm_bench, config, settings, progress)
-        except BaseException as exc:  # the MCP client's task group wraps what failed inside it
-            failure = endpoint_failure(exc)
-            if failure is None:
-                raise
-            print(f"error: {failure}", file=sys.stderr)
-            return 2
-        finally:
-            progress.close()
-        print(report.read_text())
-        print(f"report: {report}")
-        return 0
-    report = anyio.run(run_bench, config)
-    print(report.read_text())
-    print(f"report: {report}")
     return 0
 
 
