@@ -35,7 +35,11 @@ class BenchConfig:
     imports: tuple[Path, ...] = ()  # kope-memory exports added to the warmed memory (other hardware's experience)
     one_core_warmup: bool = False  # also warm up pinned to one core and import that (a distinct `1c` hardware key)
     memory_sizes: tuple[int, ...] = ()  # attempts kept of the warmed memory, oldest first; () = all of it
-    catalogue_repeats: int = 3  # profiles per catalogue entry (the median is kept)
+    catalogue_repeats: int = 3  # profiles of each contender for a task's best in the catalogue (median kept)
+    # task -> bytes its profiling size moves: when given, each family's held-out tasks are taken smallest first
+    # (the seeded order breaks ties), so the full run fits its time; empty: the seeded order alone
+    footprints: Mapping[str, float] = field(default_factory=dict)
+    one_core_per_family: int | None = None  # warm-up tasks per family in the one-core warm-up (None: all)
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -85,8 +89,23 @@ def plan(config: BenchConfig, tasks: Mapping[str, str], seed: int) -> tuple[list
         per_family: dict[str, list[str]] = {}
         for task_id in held:
             per_family.setdefault(tasks[task_id], []).append(task_id)
+        for ids in per_family.values():
+            ids.sort(key=lambda t: config.footprints.get(t, 0.0))  # stable: ties keep the seeded order
         held = [t for t in held if t in per_family[tasks[t]][:config.held_per_family]]
     return warm, held
+
+
+def one_core_warmup_tasks(config: BenchConfig, tasks: Mapping[str, str], warm: list[str]) -> list[str]:
+    """The warm-up tasks the one-core warm-up runs: the first `one_core_per_family` of each family."""
+    if config.one_core_per_family is None:
+        return warm
+    seen: dict[str, int] = {}
+    kept = []
+    for task_id in warm:
+        seen[tasks[task_id]] = seen.get(tasks[task_id], 0) + 1
+        if seen[tasks[task_id]] <= config.one_core_per_family:
+            kept.append(task_id)
+    return kept
 
 
 def server_params(home: Path, config: BenchConfig, pin_one_core: bool = False) -> StdioServerParameters:

@@ -15,6 +15,7 @@ alike; the load average is logged with every attempt. Every agent talks to a rea
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -28,7 +29,7 @@ from mcp.types import Implementation
 
 from kope_mcp.bench.agent import TaskRun, parse_arm, run_task, static_order
 from kope_mcp.bench.catalogue import Catalogue, oracle_order
-from kope_mcp.bench.config import BenchConfig, Progress, SeedResult, plan, server_params
+from kope_mcp.bench.config import BenchConfig, Progress, SeedResult, one_core_warmup_tasks, plan, server_params
 from kope_mcp.bench.memories import attempts_in, kope_memory, truncate_export
 
 MEMORYLESS = ("none", "oracle")
@@ -55,7 +56,8 @@ async def run_tasks(home: Path, config: BenchConfig, policy: str, task_ids: list
     return runs
 
 
-async def warm_memory(config: BenchConfig, warm: list[str], seed: int, home: Path, progress: Progress) -> None:
+async def warm_memory(config: BenchConfig, warm: list[str], seed: int, home: Path, progress: Progress,
+                      one_core: list[str] | None = None) -> None:
     for p in range(config.warm_passes):
         label = f"seed {seed} warm-up" + (f" {p + 1}/{config.warm_passes}" if config.warm_passes > 1 else "")
         await run_tasks(home, config, "none", warm, seed + 10_000 + 1000 * p, progress, label,
@@ -65,7 +67,8 @@ async def warm_memory(config: BenchConfig, warm: list[str], seed: int, home: Pat
         # The same warm-up on "other hardware": one core, so OpenMP wins shrink and the key ends in /1c.
         other = home.parent / "warm-1c"
         for p in range(config.warm_passes):
-            await run_tasks(other, config, "none", warm, seed + 20_000 + 1000 * p, progress,
+            await run_tasks(other, config, "none", warm if one_core is None else one_core,
+                            seed + 20_000 + 1000 * p, progress,
                             f"seed {seed} warm-up 1c", budget=config.warm_budget, pin_one_core=True)
         imports.append(home.parent / "warm-1c.jsonl")
         kope_memory(other, "export", imports[-1])
@@ -84,7 +87,7 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
     warm_home = root / "warm"
     started = time.monotonic()
     progress.note(f"seed {seed}: warming the memory on {len(warm)} tasks, {len(held)} held out")
-    await warm_memory(config, warm, seed, warm_home, progress)
+    await warm_memory(config, warm, seed, warm_home, progress, one_core_warmup_tasks(config, tasks, warm))
     result.warmup_seconds = time.monotonic() - started
     result.static_order = await _static_order(warm_home, config)
     homes = _sized_homes(config, root, warm_home)
@@ -137,7 +140,9 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
         clients = {}
         for arm in arms:
             home = arms_root / arm.replace("@", "-")
-            shutil.copytree(memory_home, home, ignore=shutil.ignore_patterns("daemon", "memory-export.jsonl"))
+            shutil.copytree(memory_home, home,
+                            ignore=shutil.ignore_patterns("daemon", "memory-export.jsonl", "refcache"))
+            _link_references(config.out / "catalogue-home" / "refcache", home / "refcache")
             clients[arm] = await stack.enter_async_context(
                 Client(server_params(home, config), client_info=Implementation(name=f"bench-{arm}", version="1")))
         for i, task_id in enumerate(held):
@@ -152,6 +157,17 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
                 runs[arm].append(run)
                 progress.finished(_line(label, i + 1, len(held), run))
     return runs
+
+
+def _link_references(source: Path, target: Path) -> None:
+    """The held-out tasks' reference outputs at the profiling size, computed by the catalogue's server, linked
+    (not copied: hundreds of MB per task, never written in place) into an arm's home, so that no arm recomputes
+    them. The warm-up tasks' ones are left behind: no arm profiles those tasks."""
+    if not source.is_dir():
+        return
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for path in source.glob("*.npz"):
+        os.link(path, target / path.name)
 
 
 async def _static_order(home: Path, config: BenchConfig) -> list[str]:

@@ -6,22 +6,27 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 from kope_mcp.bench.candidates import applicable
 from kope_mcp.bench.catalogue import best_from_catalogue, measure_catalogue
-from kope_mcp.bench.config import QUICK_FAMILIES, BenchConfig, SeedResult, plan
-from kope_mcp.bench.protocol import from_json, run_seed, to_json
+from kope_mcp.bench.config import QUICK_FAMILIES, BenchConfig, SeedResult, one_core_warmup_tasks, plan
+from kope_mcp.bench.protocol import MEMORYLESS, from_json, run_seed, to_json
 from kope_mcp.bench.report import catalogue_table, markdown, plots
 from kope_mcp.tasks.registry import TaskRegistry
 
 
-def full_config(out: Path) -> BenchConfig:
+def full_config(out: Path, registry: TaskRegistry | None = None) -> BenchConfig:
     """`kope bench`: sized to finish in under 90 minutes on a 2-core machine. Every family, one held-out task
-    each; the warm-up tries every strategy on the other half, here and pinned to one core (another hardware key),
-    so the memory (~1k attempts) outgrows the small windows; the curve at 100, 300 and all of it."""
+    each (the one whose profiling size moves the fewest bytes: profiling dominates the run); the warm-up tries
+    every strategy on the other half here, and on one task per family pinned to one core (another hardware key),
+    so the memory (~550 attempts, ~70k tokens of history) outgrows the small windows; the curve at 150 attempts
+    and all of it."""
+    tasks = (registry or TaskRegistry.default()).list()
+    footprints = {t.id: float(t.spec.byte_count(t.spec.profile.sizes)) for t in tasks}
     return BenchConfig(out=out, seeds=1, budget=8, held_per_family=1, warm_budget=14, one_core_warmup=True,
-                       memory_sizes=(100, 300), profile_s=0.1)
+                       one_core_per_family=1, memory_sizes=(150,), profile_s=0.1, footprints=footprints)
 
 
 def quick_config(out: Path) -> BenchConfig:
@@ -66,6 +71,16 @@ def _catalogue(registry: TaskRegistry, config: BenchConfig) -> list[str]:
     return catalogue_table({f: dict(c) for f, c in applies.items()}, dict(sizes))
 
 
+def task_runs(config: BenchConfig, tasks: Mapping[str, str], warm: list[str], held: list[str]) -> int:
+    """Task runs of one seed: the warm-up passes (here and on one core), then every arm per memory size, `none`
+    and `oracle` once."""
+    one_core = len(one_core_warmup_tasks(config, tasks, warm)) if config.one_core_warmup else 0
+    sizes = len(config.memory_sizes) + 1
+    memoryless = sum(a in MEMORYLESS for a in config.arms)
+    return (len(warm) + one_core) * config.warm_passes + len(held) * (memoryless + sizes * (len(config.arms)
+                                                                                           - memoryless))
+
+
 async def run_bench(config: BenchConfig) -> Path:
     """Run every seed; returns the report's path (plots next to it)."""
     config.out.mkdir(parents=True, exist_ok=True)
@@ -79,9 +94,7 @@ async def run_bench(config: BenchConfig) -> Path:
 
     splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
     held_out = sorted({t for _, held in splits for t in held})
-    sizes = len(config.memory_sizes) + 1
-    progress = BarProgress(len(held_out) + sum(len(warm) * config.warm_passes + sizes * len(config.arms) * len(held)
-                                               for warm, held in splits))
+    progress = BarProgress(len(held_out) + sum(task_runs(config, tasks, warm, held) for warm, held in splits))
     try:
         # The oracle's order and the floor of the best known speedups: measured first, on the held-out tasks.
         catalogue = await measure_catalogue(config, held_out, progress, config.catalogue_repeats)

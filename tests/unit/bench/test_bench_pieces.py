@@ -3,7 +3,7 @@
 import json
 
 from kope_mcp.bench.agent import TaskRun, evidence, static_order
-from kope_mcp.bench.config import SeedResult, split
+from kope_mcp.bench.config import BenchConfig, SeedResult, one_core_warmup_tasks, plan, split
 from kope_mcp.bench.report import markdown, plots
 
 
@@ -13,6 +13,26 @@ def test_the_split_keeps_every_family_on_both_sides_and_depends_on_the_seed():
     assert len(warm) == len(held) == 6 and not set(warm) & set(held)
     assert {t.split("_")[0] for t in warm} == {t.split("_")[0] for t in held} == {"a", "b", "c"}
     assert split(tasks, seed=1) != (warm, held) or split(tasks, seed=2) != (warm, held)
+
+
+def test_with_footprints_each_family_holds_out_its_smallest_task_and_ties_keep_the_seeded_order(tmp_path):
+    tasks = {f"{fam}_{i}": fam for fam in ("a", "b") for i in range(6)}
+    _, held = split(tasks, seed=0)
+    seeded = plan(BenchConfig(out=tmp_path, held_per_family=1), tasks, seed=0)[1]
+    assert seeded == [next(t for t in held if t.startswith(f)) for f in ("a", "b")]
+    footprints = {t: 1.0 for t in tasks} | {held[-1]: 0.5}  # the last held-out task of family b is the smallest
+    config = BenchConfig(out=tmp_path, held_per_family=1, footprints=footprints)
+    warm, smallest = plan(config, tasks, seed=0)
+    assert smallest == [seeded[0], held[-1]] and not set(warm) & set(smallest)
+    assert plan(config, tasks, seed=0) == (warm, smallest)
+
+
+def test_the_one_core_warm_up_takes_the_first_warm_up_tasks_of_each_family(tmp_path):
+    tasks = {f"{fam}_{i}": fam for fam in ("a", "b") for i in range(6)}
+    warm, _ = split(tasks, seed=0)
+    assert one_core_warmup_tasks(BenchConfig(out=tmp_path), tasks, warm) == warm
+    one = one_core_warmup_tasks(BenchConfig(out=tmp_path, one_core_per_family=1), tasks, warm)
+    assert one == [next(t for t in warm if t.startswith(f)) for f in ("a", "b")]
 
 
 def item(kind: str, strategy: str, task: str, family: str, label: str, step: float | None = None,
