@@ -164,7 +164,7 @@ def _runs(argv: list[str]) -> tuple[bool, str]:
     return done.returncode == 0, done.stderr.decode(errors="replace").strip()[-300:]
 
 
-def _identity_prefix(mode: Mode, uid: int) -> list[str]:
+def identity_prefix(mode: Mode, uid: int) -> list[str]:
     if mode != "per-run-uid":
         return []
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
@@ -192,8 +192,8 @@ def capabilities() -> SandboxCapabilities:
     detail = ""
     disable_userns = False
     for variant in ((True, False) if not root else (False,)):
-        argv = _bwrap_argv(bwrap, mode, probe_uid, binds={}, run_dir=None, disable_userns=variant)
-        ok, detail = _runs([*argv, *_identity_prefix(mode, probe_uid), "true"])
+        argv = bwrap_argv(bwrap, mode, probe_uid, binds={}, run_dir=None, disable_userns=variant)
+        ok, detail = _runs([*argv, *identity_prefix(mode, probe_uid), "true"])
         if ok:
             disable_userns = variant
             break
@@ -224,7 +224,7 @@ def unsafe_opt_out() -> bool:
 
 
 # --- the command line ------------------------------------------------------------------------------------------
-def _bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_dir: Path | None,
+def bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_dir: Path | None,
                 disable_userns: bool) -> list[str]:
     argv = [bwrap, "--die-with-parent", "--new-session"]
     if mode == "per-run-uid":
@@ -277,7 +277,7 @@ def _bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run
     return [*argv, "--"]
 
 
-def _prlimit(limits: SandboxLimits) -> list[str]:
+def prlimit_prefix(limits: SandboxLimits) -> list[str]:
     return ["prlimit", f"--cpu={limits.cpu_seconds}", "--core=0", f"--nproc={limits.max_processes}",
             f"--fsize={limits.max_file_bytes}", f"--as={limits.address_space_bytes}", "--"]
 
@@ -483,15 +483,15 @@ def run_sandboxed(
         assert caps.bwrap is not None
         for path in binds:
             scratch.place(path)
-        cmd = [*_bwrap_argv(caps.bwrap, caps.mode, scratch.uid, binds=scratch.binds,
+        cmd = [*bwrap_argv(caps.bwrap, caps.mode, scratch.uid, binds=scratch.binds,
                             run_dir=scratch.run, disable_userns=caps.disable_userns),
-               *_identity_prefix(caps.mode, scratch.uid),
+               *identity_prefix(caps.mode, scratch.uid),
                # bwrap cannot chdir into a folder only the run's uid may enter: the run's own shell does.
                "/bin/sh", "-c", 'cd "$0" && exec "$@"', SANDBOX_RUN, *argv]
     else:
         cmd = list(argv)
     if caps.rlimits:
-        cmd = [*_prlimit(limits), *cmd]
+        cmd = [*prlimit_prefix(limits), *cmd]
     out_fd, err_fd = memory_file("stdout"), memory_file("stderr")
     start = time.monotonic()
     try:
@@ -499,26 +499,32 @@ def run_sandboxed(
             cmd, cwd=scratch.run, env=env, stdin=subprocess.DEVNULL, stdout=out_fd, stderr=err_fd,
             start_new_session=True, pass_fds=tuple(pass_fds), umask=0o022,
         )
-        timed_out = not _wait_exit(proc, limits.wall_seconds)
-        try:
-            if timed_out:
-                _kill_group(proc)
-            proc.wait()
-        finally:
-            # Whatever happened, nothing the command started may outlive the call.
-            _kill_group(proc)
-        wall = time.monotonic() - start
-        return SandboxResult(
-            returncode=None if timed_out else proc.returncode,
-            timed_out=timed_out,
-            wall_seconds=wall if not timed_out else limits.wall_seconds,
-            stdout_tail=_tail_of(out_fd),
-            stderr_tail=_tail_of(err_fd),
-            uid=scratch.uid,
-        )
+        return finish(proc, limits, start, out_fd, err_fd, scratch.uid)
     finally:
         os.close(out_fd)
         os.close(err_fd)
+
+
+def finish(proc: subprocess.Popen[bytes], limits: SandboxLimits, start: float, out_fd: int, err_fd: int,
+           uid: int) -> SandboxResult:
+    """Wait for a started sandbox within its wall-clock limit, kill whatever it left, and say how it ended."""
+    timed_out = not _wait_exit(proc, limits.wall_seconds - (time.monotonic() - start))
+    try:
+        if timed_out:
+            _kill_group(proc)
+        proc.wait()
+    finally:
+        # Whatever happened, nothing the command started may outlive the call.
+        _kill_group(proc)
+    wall = time.monotonic() - start
+    return SandboxResult(
+        returncode=None if timed_out else proc.returncode,
+        timed_out=timed_out,
+        wall_seconds=wall if not timed_out else limits.wall_seconds,
+        stdout_tail=_tail_of(out_fd),
+        stderr_tail=_tail_of(err_fd),
+        uid=uid,
+    )
 
 
 def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
