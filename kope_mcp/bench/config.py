@@ -39,6 +39,7 @@ class BenchConfig:
     # task -> bytes its profiling size moves: when given, each family's held-out tasks are taken smallest first
     # (the seeded order breaks ties), so the full run fits its time; empty: the seeded order alone
     footprints: Mapping[str, float] = field(default_factory=dict)
+    warm_per_family: int | None = None  # warm-up tasks per family (None: the whole warm-up half)
     one_core_per_family: int | None = None  # warm-up tasks per family in the one-core warm-up (None: all)
 
     @property
@@ -85,6 +86,8 @@ def plan(config: BenchConfig, tasks: Mapping[str, str], seed: int) -> tuple[list
     if config.families is not None:
         tasks = {t: f for t, f in tasks.items() if f in config.families}
     warm, held = split(tasks, seed, config.per_family)
+    if config.warm_per_family is not None:
+        warm = first_per_family(warm, tasks, config.warm_per_family)
     if config.held_per_family is not None:
         per_family: dict[str, list[str]] = {}
         for task_id in held:
@@ -99,11 +102,16 @@ def one_core_warmup_tasks(config: BenchConfig, tasks: Mapping[str, str], warm: l
     """The warm-up tasks the one-core warm-up runs: the first `one_core_per_family` of each family."""
     if config.one_core_per_family is None:
         return warm
+    return first_per_family(warm, tasks, config.one_core_per_family)
+
+
+def first_per_family(task_ids: list[str], tasks: Mapping[str, str], n: int) -> list[str]:
+    """The first `n` task ids of each family, in their order."""
     seen: dict[str, int] = {}
     kept = []
-    for task_id in warm:
+    for task_id in task_ids:
         seen[tasks[task_id]] = seen.get(tasks[task_id], 0) + 1
-        if seen[tasks[task_id]] <= config.one_core_per_family:
+        if seen[tasks[task_id]] <= n:
             kept.append(task_id)
     return kept
 

@@ -20,13 +20,14 @@ from kope_mcp.tasks.registry import TaskRegistry
 def full_config(out: Path, registry: TaskRegistry | None = None) -> BenchConfig:
     """`kope bench`: sized to finish in under 90 minutes on a 2-core machine. Every family, one held-out task
     each (the one whose profiling size moves the fewest bytes: profiling dominates the run); the warm-up tries
-    every strategy on the other half here, and on one task per family pinned to one core (another hardware key),
-    so the memory (~550 attempts, ~70k tokens of history) outgrows the small windows; the curve at 150 attempts
-    and all of it."""
+    every strategy on two tasks per family of the other half here, and on one per family pinned to one core
+    (another hardware key), so the memory (~350 attempts, ~45k tokens of history) outgrows the small windows;
+    the curve at 150 attempts and all of it."""
     tasks = (registry or TaskRegistry.default()).list()
     footprints = {t.id: float(t.spec.byte_count(t.spec.profile.sizes)) for t in tasks}
     return BenchConfig(out=out, seeds=1, budget=8, held_per_family=1, warm_budget=14, one_core_warmup=True,
-                       one_core_per_family=1, memory_sizes=(150,), profile_s=0.1, footprints=footprints)
+                       warm_per_family=2, one_core_per_family=1, memory_sizes=(150,), profile_s=0.1,
+                       footprints=footprints)
 
 
 def quick_config(out: Path) -> BenchConfig:

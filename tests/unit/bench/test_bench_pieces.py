@@ -27,12 +27,15 @@ def test_with_footprints_each_family_holds_out_its_smallest_task_and_ties_keep_t
     assert plan(config, tasks, seed=0) == (warm, smallest)
 
 
-def test_the_one_core_warm_up_takes_the_first_warm_up_tasks_of_each_family(tmp_path):
+def test_the_warm_ups_take_the_first_warm_up_tasks_of_each_family(tmp_path):
     tasks = {f"{fam}_{i}": fam for fam in ("a", "b") for i in range(6)}
     warm, _ = split(tasks, seed=0)
     assert one_core_warmup_tasks(BenchConfig(out=tmp_path), tasks, warm) == warm
     one = one_core_warmup_tasks(BenchConfig(out=tmp_path, one_core_per_family=1), tasks, warm)
     assert one == [next(t for t in warm if t.startswith(f)) for f in ("a", "b")]
+    capped, held = plan(BenchConfig(out=tmp_path, warm_per_family=2), tasks, seed=0)
+    assert capped == [t for f in ("a", "b") for t in [w for w in warm if w.startswith(f)][:2]]
+    assert held == split(tasks, seed=0)[1]  # capping the warm-up holds out nothing more
 
 
 def item(kind: str, strategy: str, task: str, family: str, label: str, step: float | None = None,
