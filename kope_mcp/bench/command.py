@@ -29,7 +29,8 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--import-memory", nargs="*", default=[], metavar="FILE",
                        help="kope-memory exports to add to the warmed memory (e.g. another machine's experience)")
     bench.add_argument("--memory-sizes", type=int, nargs="*", metavar="N",
-                       help="also run every arm from the warmed memory cut to its N oldest attempts (the curve)")
+                       help="also run every arm from the warmed memory cut to its N oldest attempts (the curve; "
+                            "default 150)")
     bench.add_argument("--report", metavar="DIR", help="only re-render DIR/report.md and its plots from "
                                                       "DIR/results.json (a stopped run keeps what it measured)")
     bench.add_argument("--agent", choices=["scripted", "llm"], default="scripted",
