@@ -78,7 +78,11 @@ class BackgroundEmbedder:
             return OnnxSentenceEncoder.from_sentence_transformer(model, self._threads)
         except OnnxUnavailable as exc:
             log.info("embedding with PyTorch: %s", exc)
-            return None
+        except (AttributeError, TypeError, ValueError, RuntimeError) as exc:
+            # sentence-transformers, transformers, torch.onnx or onnxruntime changed in a way this code does not
+            # know: the fast path is optional, semantic search is not.
+            log.warning("embedding with PyTorch: the ONNX Runtime path failed (%s: %s)", type(exc).__name__, exc)
+        return None
 
     @property
     def available(self) -> bool:

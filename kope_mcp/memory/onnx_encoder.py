@@ -51,7 +51,7 @@ class OnnxSentenceEncoder:
         except ImportError as exc:
             raise OnnxUnavailable(f"{exc.name} is not installed") from exc
         modules = [type(m).__name__ for m in model]
-        if modules[:2] != ["Transformer", "Pooling"] or model[1].pooling_mode_mean_tokens is not True:
+        if modules[:2] != ["Transformer", "Pooling"] or _pooling_mode(model[1]) != "mean":
             raise OnnxUnavailable(f"not a mean-pooled transformer ({', '.join(modules)})")
         graph = _export(model[0].auto_model, model.tokenizer, torch)
         options = ort.SessionOptions()
@@ -92,6 +92,14 @@ class OnnxSentenceEncoder:
         pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
+
+
+def _pooling_mode(pooling: Any) -> str | None:
+    """The Pooling module's mode: `pooling_mode` in sentence-transformers 5+, flags before."""
+    mode = getattr(pooling, "pooling_mode", None)
+    if isinstance(mode, str):
+        return mode
+    return "mean" if getattr(pooling, "pooling_mode_mean_tokens", False) is True else None
 
 
 def _export(transformer: Any, tokenizer: Any, torch: Any) -> bytes:

@@ -165,21 +165,25 @@ class KuzuExperienceStore(BulkLoading):
     def add_attempt(self, record: AttemptRecord) -> None:
         props = attempt_props(record)
         assignments = ", ".join(f"{k}: ${k}" for k in props)
-        with self._lock:
-            # One statement, so the node and its mandatory edges commit together.
-            self._exec(
-                "MATCH (s:Session {session_id: $__s}), (t:Task {id: $__t}), (h:Hardware {key: $__h}) "
-                f"CREATE (a:Attempt {{{assignments}}})-[:IN_SESSION]->(s), (a)-[:FOR_TASK]->(t), "
-                "(a)-[:ON_HARDWARE]->(h)",
-                {**props, "__s": record.session_id, "__t": record.task_id, "__h": record.hardware_key},
-            )
-            self._require("Attempt", "kernel_id", record.kernel_id, f"session {record.session_id!r}, task "
-                          f"{record.task_id!r} and hardware {record.hardware_key!r} must exist first")
-            if record.parent_id:
-                self._exec("MATCH (a:Attempt {kernel_id: $k}), (p:Attempt {kernel_id: $p}) CREATE (a)-[:PREV]->(p)",
-                           {"k": record.kernel_id, "p": record.parent_id})
-            if record.strategy_id:
-                self.link_strategy("Attempt", record.kernel_id, record.strategy_id)
+        match = ["(s:Session {session_id: $__s})", "(t:Task {id: $__t})", "(h:Hardware {key: $__h})"]
+        create = [f"(a:Attempt {{{assignments}}})-[:IN_SESSION]->(s)", "(a)-[:FOR_TASK]->(t)",
+                  "(a)-[:ON_HARDWARE]->(h)"]
+        params = {**props, "__s": record.session_id, "__t": record.task_id, "__h": record.hardware_key}
+        if record.parent_id:
+            match.append("(p:Attempt {kernel_id: $__p})")
+            create.append("(a)-[:PREV]->(p)")
+            params["__p"] = record.parent_id
+        if record.strategy_id:
+            match.append("(g:Strategy {strategy_id: $__g})")
+            create.append("(a)-[:APPLIED]->(g)")
+            params["__g"] = record.strategy_id
+        # One statement, one commit: the node and all its edges, or nothing. A MATCH that finds nothing makes
+        # the CREATE a silent no-op, so the created id is returned and checked: a write never vanishes.
+        rows = self._rows(f"MATCH {', '.join(match)} CREATE {', '.join(create)} RETURN a.kernel_id AS k", params)
+        if not rows:
+            raise ValueError(f"Attempt {record.kernel_id!r} was not created: session {record.session_id!r}, task "
+                             f"{record.task_id!r}, hardware {record.hardware_key!r}, parent "
+                             f"{record.parent_id!r} and strategy {record.strategy_id!r} must exist first")
 
     def update_attempt(self, kernel_id: str, **fields: Any) -> None:
         values = {k: (json.dumps(v) if k in JSON_FIELDS else v) for k, v in fields.items()}

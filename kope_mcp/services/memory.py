@@ -257,18 +257,22 @@ class ExperienceMemory:
         return float(sum(a * b for a, b in zip(vector, other, strict=True))) if other is not None else 0.0
 
     # --- automatic recording -------------------------------------------------------------------------------
-    def record_compile(self, record: AttemptRecord, first_error: str | None) -> AttemptRecord:
+    def record_compile(self, record: AttemptRecord, first_error: str | None,
+                       parent_source: str | None = None) -> AttemptRecord:
+        """``parent_source``: the parent's source when the caller has it (saves reading it again)."""
         with self.write_lock:
-            return self._record_compile(record, first_error)
+            return self._record_compile(record, first_error, parent_source)
 
-    def _record_compile(self, record: AttemptRecord, first_error: str | None) -> AttemptRecord:
+    def _record_compile(self, record: AttemptRecord, first_error: str | None,
+                        parent_source: str | None) -> AttemptRecord:
         if record.strategy:
             record.strategy_id = self.canonical_strategy(record.strategy).strategy_id
         record.error_signature = compile_signature(first_error)
         if record.parent_id:
             # Diffs are computed once here, so the read path never fetches sources.
-            record.diff_from_parent = short_diff(self.store.sources([record.parent_id]).get(record.parent_id),
-                                                 record.source)
+            if parent_source is None:
+                parent_source = self.store.sources([record.parent_id]).get(record.parent_id)
+            record.diff_from_parent = short_diff(parent_source, record.source)
         record.label = label_for(record.ok, None, None)
         self.store.add_attempt(record)
         self.index.upsert_attempt(record)

@@ -193,7 +193,7 @@ class Workbench:
             source_hash=source_hash(source), flags=build.flags, ok=build.ok,
             parent_id=parent.kernel_id if parent else None, strategy=strategy, created_at=now(),
             agent=(agent or session.agent).display, diagnostics_digest=_digest(build.diagnostics),
-        ), first_error)
+        ), first_error, parent_source=parent.source if parent is not None and parent.source else None)
         progress(1, 1, "compiled" if build.ok else "compile failed")
         errors = sum(1 for d in build.diagnostics if d.severity == "error")
         status = target.status()
