@@ -118,7 +118,7 @@ class SandboxPool:
     def __init__(self) -> None:
         self._ready: dict[Key, PreparedSandbox] = {}
         self._lock = threading.Lock()
-        self._wanted: queue.SimpleQueue[Key | None] = queue.SimpleQueue()
+        self._wanted: queue.SimpleQueue[Key | PreparedSandbox | None] = queue.SimpleQueue()  # to prepare, to remove
         self._thread: threading.Thread | None = None
         self.refilled = threading.Event()  # set after each background refill (tests wait on it)
 
@@ -138,7 +138,12 @@ class SandboxPool:
         try:
             yield prepared
         finally:
-            prepared.close()
+            if prepared.used:
+                # finish() already killed and reaped everything the run started: removing its folder can wait
+                # for the spawner thread, off the caller's path.
+                self._wanted.put(prepared)
+            else:
+                prepared.close()
 
     def _refill(self, key: Key) -> None:
         with self._lock:
@@ -152,6 +157,9 @@ class SandboxPool:
             key = self._wanted.get()
             if key is None:
                 return
+            if isinstance(key, PreparedSandbox):
+                key.close()
+                continue
             with self._lock:
                 if key in self._ready:
                     continue
@@ -176,6 +184,13 @@ class SandboxPool:
         if thread is not None:
             self._wanted.put(None)
             thread.join(timeout=30)
+        while True:  # used sandboxes still waiting for removal (the spawner stopped first)
+            try:
+                item = self._wanted.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, PreparedSandbox):
+                item.close()
         with self._lock:
             ready, self._ready = list(self._ready.values()), {}
         for prepared in ready:
