@@ -1,5 +1,6 @@
 """Sandboxes prepared ahead of time: the same isolation as a fresh one, used once, refilled in the background."""
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -43,17 +44,22 @@ def test_each_use_is_a_new_sandbox_with_its_own_uid_and_nothing_left_by_the_last
     assert list((tmp_path).iterdir()) == []  # every scratch folder removed, the prepared one included
 
 
-def test_nothing_of_the_command_runs_before_the_release(tmp_path):
+def test_a_prepared_sandbox_holds_nothing_of_the_run_s_identity_until_released(tmp_path):
     prepared = PreparedSandbox(tmp_path, LIMITS, scrubbed_env(), ())
     try:
         assert prepared.alive
-        # Blocked inside bwrap: no process of the run's uid exists yet, and the command is not even written.
-        assert not (prepared.scratch.inputs / ".job").exists()
+        if os.geteuid() == 0:
+            # Blocked inside bwrap, which runs as root: no process has taken the run's uid (setpriv has not run).
+            owners = set()
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                with contextlib.suppress(OSError):
+                    owners.add(os.stat(f"/proc/{pid}").st_uid)
+            assert prepared.scratch.uid not in owners
         prepared.scratch.hand_over()
-        result = prepared.execute(["/bin/sh", "-c", "echo released"])
+        result = prepared.execute(["/bin/sh", "-c", "id -u; echo released"])
     finally:
         prepared.close()
-    assert result.stdout_tail.strip() == "released"
+    assert result.stdout_tail.split() == [str(prepared.scratch.uid), "released"]
 
 
 def test_the_wall_clock_limit_counts_from_the_release_and_kills_the_run(tmp_path):
