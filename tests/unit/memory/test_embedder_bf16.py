@@ -1,4 +1,6 @@
-"""Backlog batches in bfloat16 give float32's vectors; questions stay in float32."""
+"""Backlog batches in bfloat16 give float32's vectors; questions stay in float32; threads embed at once."""
+
+import threading
 
 import numpy as np
 import pytest
@@ -25,7 +27,7 @@ def test_bfloat16_batches_embed_the_suite_s_lessons_as_float32_does(embedders):
         pytest.skip("this CPU has no native bfloat16: batches stay in float32")
     assert fast.runtime == "torch, bfloat16 batches"
     texts = [lesson["text"] for lesson in generate(2000).lessons[:200]]
-    batched, reference = np.array(fast.embed(texts)), np.array(exact.embed(texts))
+    batched, reference = np.array(fast.embed_batch(texts)), np.array(exact.embed_batch(texts))
     assert batched.shape == reference.shape == (200, 384)
     assert (batched * reference).sum(axis=1).min() >= 0.999
     assert np.allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-3)
@@ -35,3 +37,27 @@ def test_a_question_is_embedded_in_float32_whatever_the_batches_use(embedders):
     fast, exact = embedders
     question = ["which loop order makes the inner loop stride-1?"]
     assert fast.embed(question) == exact.embed(question)
+
+
+def test_vectors_equal_sentence_transformers_encode(embedders):
+    # Each thread tokenizes with its own copy of the tokenizer; the vectors must stay encode()'s, the ones stored
+    # by earlier versions.
+    _, exact = embedders
+    texts = [lesson["text"] for lesson in generate(2000).lessons[:64]] + ["  padded question  ", "softmax"]
+    reference = exact._model.encode(texts, normalize_embeddings=True, show_progress_bar=False)
+    assert np.abs(np.array(exact.embed_batch(texts)) - reference).max() < 1e-5
+    assert np.abs(np.array(exact.embed(texts[-2:])) - reference[-2:]).max() < 1e-5
+
+
+def test_two_threads_embedding_at_once_get_the_vectors_one_gets_alone(embedders):
+    _, exact = embedders
+    texts = [lesson["text"] for lesson in generate(2000).lessons[:96]]
+    alone = exact.embed_batch(texts)
+    results: dict[int, list[list[float]] | None] = {}
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, exact.embed_batch(texts)))
+               for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert all(np.abs(np.array(results[n]) - np.array(alone)).max() < 1e-5 for n in range(2))
