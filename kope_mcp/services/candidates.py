@@ -50,6 +50,13 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
             attempts[rec.kernel_id] = rec
             reasons.setdefault(rec.kernel_id, []).append(reason)
 
+    # Not the task id: every lesson naming the task would match it, and the task's lessons are candidates
+    # by scope already; BM25 is for the words of the question.
+    text_query = " ".join(p for p in (query, state.task_id if config.text_query_has_task else None, state.signature)
+                          if p)
+    # The question's embedding (~10-20 ms of model time) is computed on another core while the graph and the
+    # full-text index are read here (~10-15 ms): the two are independent.
+    question = memory.embedder.embed_soon([text_query]) if text_query.strip() and memory.semantic_ready else None
     limit = config.candidates_per_source
     if state.task_id:
         add_attempts(memory.attempts_for_task(state.task_id, limit), "same task")
@@ -62,10 +69,6 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
     for lesson in memory.scoped_lessons(state.task_id, state.family, state.hardware_key, limit, by=config.lessons_by):
         lessons[lesson.lesson_id] = lesson
         reasons.setdefault(lesson.lesson_id, []).append("scope match")
-    # Not the task id: every lesson naming the task would match it, and the task's lessons are candidates
-    # by scope already; BM25 is for the words of the question.
-    text_query = " ".join(p for p in (query, state.task_id if config.text_query_has_task else None, state.signature)
-                          if p)
     hits = memory.store.full_text(text_query, config.full_text_hits) if text_query.strip() else []
     hits.sort(key=lambda h: (-h[2], h[1]))  # equal scores in id order, not in the order rows were inserted
     top_bm25 = max((score for _, _, score in hits), default=1.0) or 1.0
@@ -77,10 +80,7 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
             reasons.setdefault(rec.kernel_id, []).append("strategy matches the query")
             bm25[rec.kernel_id] = max(bm25.get(rec.kernel_id, 0.0), score / top_bm25)
     cosine: dict[str, float] = {}
-    vectors = None
-    if text_query.strip() and memory.semantic_ready:
-        # Computed at once on this thread, next to any backlog batch (which waits to start its next one).
-        vectors = memory.embedder.embed([text_query])
+    vectors = question.result() if question is not None else None
     if vectors:
         cosine = {item_id: score for item_id, kind, score in memory.vectors.search(vectors[0], 50)
                   if kind in ("attempt", "lesson")}
