@@ -112,10 +112,20 @@ class PreparedSandbox:
         self.scratch.remove()
 
 
+# The spawner's work (preparing the next sandbox: ~10 ms of fork, exec and mounts; removing a used one's folder)
+# waits until no sandbox has been taken or returned for QUIET_S, at most MAX_DEFER_S: done at once, it ran
+# during the caller's build and its answer (the read-back, the memory write), taking CPU and the GIL from them.
+# An agent thinks for seconds between compiles; a compile that comes sooner builds its own sandbox.
+QUIET_S = 0.05
+MAX_DEFER_S = 1.0
+
+
 class SandboxPool:
     """One prepared sandbox per configuration, refilled in the background after each use."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet_s: float = QUIET_S, max_defer_s: float = MAX_DEFER_S) -> None:
+        self.quiet_s, self.max_defer_s = quiet_s, max_defer_s
+        self._last_activity = time.monotonic()
         self._ready: dict[Key, PreparedSandbox] = {}
         self._lock = threading.Lock()
         self._wanted: queue.SimpleQueue[Key | PreparedSandbox | None] = queue.SimpleQueue()  # to prepare, to remove
@@ -128,6 +138,7 @@ class SandboxPool:
         """A ready sandbox for this configuration (the prepared one, else a new one), removed afterwards. Only
         where kernels can be isolated (``capabilities().isolated``); elsewhere use ``run_sandboxed``."""
         key: Key = (scratch_root, limits, tuple(sorted(env.items())), tuple(binds))
+        self._last_activity = time.monotonic()
         with self._lock:
             ready = self._ready.pop(key, None)
         if ready is not None and not ready.alive:
@@ -138,6 +149,7 @@ class SandboxPool:
         try:
             yield prepared
         finally:
+            self._last_activity = time.monotonic()
             if prepared.used:
                 # finish() already killed and reaped everything the run started: removing its folder can wait
                 # for the spawner thread, off the caller's path.
@@ -157,6 +169,7 @@ class SandboxPool:
             key = self._wanted.get()
             if key is None:
                 return
+            self._wait_for_quiet()
             if isinstance(key, PreparedSandbox):
                 key.close()
                 continue
@@ -175,6 +188,14 @@ class SandboxPool:
             if stale is not None:
                 stale.close()
             self.refilled.set()
+
+    def _wait_for_quiet(self) -> None:
+        deadline = time.monotonic() + self.max_defer_s
+        while (now := time.monotonic()) < deadline:
+            quiet_for = now - self._last_activity
+            if quiet_for >= self.quiet_s:
+                return
+            time.sleep(min(self.quiet_s - quiet_for, deadline - now))
 
     def close(self) -> None:
         """Stop preparing and remove every prepared sandbox (at exit; a server that dies leaves scratch folders

@@ -85,7 +85,7 @@ class ExperienceService:
     ) -> RecordResult:
         attempt = self.store.attempt(kernel_id) if kernel_id else None
         if attempt is None and session_id:
-            task_id = task_id or self.store.session(session_id).task_id
+            task_id = task_id or self.memory.session(session_id).task_id
         if task_id:
             self.memory.ensure_task(self.tasks.get(task_id))
         canonical = self.memory.canonical_strategy(strategy)
@@ -257,7 +257,7 @@ class ExperienceService:
                hardware: str | None, backend: str | None = None) -> QueryState:
         latest = incumbent = None
         if session_id:
-            session = self.store.session(session_id)
+            session = self.memory.session(session_id)
             task_id = task_id or session.task_id
             latest = self.memory.latest_in_session(session_id)
             found = self.memory.attempts_by_id([session.incumbent_id]) if session.incumbent_id else []

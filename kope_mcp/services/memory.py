@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import queue
 import secrets
 import threading
 from datetime import UTC, datetime
@@ -15,6 +14,7 @@ from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.diffs import short_diff
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, step_ratio
+from kope_mcp.memory.recent import RecentCache
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
 from kope_mcp.memory.retrieval_index import RetrievalIndex, summary_row
 from kope_mcp.memory.rows import got_further
@@ -24,6 +24,7 @@ from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
 from kope_mcp.memory.vectors import VectorIndex
 from kope_mcp.models import ProfileReport, TestReport
+from kope_mcp.services.embedding_backlog import EmbeddingBacklog
 from kope_mcp.tasks.loader import Task
 
 log = logging.getLogger(__name__)
@@ -41,25 +42,14 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-# Texts per model call in the background: large enough to amortise the write, small enough that a worker checks
-# for questions (which go first) several times a second.
-EMBED_BATCH = 32
-WRITE_ROWS = 1024  # embeddings per COPY into the store
-WRITE_IDLE_S = 0.3  # a pending COPY waits no longer than this for more batches
-EmbeddingRow = tuple[str, str, str, list[float]]  # id, kind, model, vector
-WrittenQueue = queue.Queue[tuple[int, list[EmbeddingRow]] | None]  # (items done, rows) from the workers
-
-
 class ExperienceMemory:
     def __init__(self, store: KuzuExperienceStore, embedder: BackgroundEmbedder) -> None:
         self.store = store
         self.embedder = embedder
         self.vectors = VectorIndex(EMBEDDING_DIM)
+        self.embeddings = EmbeddingBacklog(store, embedder, self.vectors)
         self.index = RetrievalIndex()
-        self._vectors_loaded = threading.Event()
         self._loader: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._backlog_queued = threading.Event()
         self._known_tasks: set[str] = set()
         self._known_hardware: set[str] = set()
         # Recording is read-modify-write (step ratio from the parent, downstream scores up the chain, the
@@ -67,8 +57,10 @@ class ExperienceMemory:
         self.write_lock = threading.RLock()
         self._strategy_lock = threading.Lock()
         self._strategies: list[StrategyRecord] | None = None  # cached: strategies are only ever added
-        self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
-        self._worker: threading.Thread | None = None
+        # Records that never change once written, read on every compile: sessions (the incumbent is kept
+        # current here) and the sources of recent attempts (the next attempt's parent, for its diff).
+        self._sessions: RecentCache[str, SessionRecord] = RecentCache(4096)
+        self._sources: RecentCache[str, str] = RecentCache(256, max_size=32 * 1024**2, size=len)
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -77,9 +69,7 @@ class ExperienceMemory:
         if self._loader is None:
             self._loader = threading.Thread(target=self.load_index, name="kope-index-loader", daemon=True)
             self._loader.start()
-        if self.embedder.enabled and self._worker is None:
-            self._worker = threading.Thread(target=self._embed_loop, name="kope-embed-worker", daemon=True)
-            self._worker.start()
+        self.embeddings.start()
 
     def load_index(self) -> None:
         self.index.load((summary_row(row) for row in self.store.attempt_summaries()), self.store.all_lessons())
@@ -95,142 +85,33 @@ class ExperienceMemory:
         return self.index.loaded
 
     def stop(self) -> None:
-        self._stopping.set()
+        self.embeddings.stop()
         if self._loader is not None:
             self._loader.join(timeout=30)
             self._loader = None
-        if self._worker is not None:
-            self._queue.put(None)
-            self._worker.join(timeout=10)
-            self._worker = None
 
-    def load_vectors(self) -> None:
-        """Stored embeddings into the in-memory index (seconds for 100k items: never on the handshake path)."""
-        for item_id, kind, vector in self.store.embeddings():
-            self.vectors.add(item_id, kind, vector)
-        self._vectors_loaded.set()
-
+    # --- embeddings (the backlog lives in embedding_backlog.py) ------------------------------------------
     @property
     def semantic_ready(self) -> bool:
-        return self.embedder.available and self._vectors_loaded.is_set()
+        return self.embeddings.semantic_ready
 
     @property
     def semantic_status(self) -> str:
-        if self.embedder.available and not self._vectors_loaded.is_set():
-            return "loading stored embeddings"
-        return self.embedder.status
+        return self.embeddings.semantic_status
 
     def queue_backlog(self) -> int:
-        """Queue every stored item that has no vector yet (at start, and after an import wrote many); returns
-        how many. Items already queued may be queued twice: the second write is a no-op MERGE."""
-        if not self.embedder.available:
-            return 0  # the worker queues the backlog itself once the model has loaded
-        items = self.store.unembedded(self.vectors.ids())
-        for item in items:
-            self._queue.put(item)
-        return len(items)
+        return self.embeddings.queue_backlog()
 
     @property
     def backlog(self) -> int:
         """Items waiting for their embedding."""
-        return self._queue.qsize()
-
-    def _embed_loop(self) -> None:
-        self.load_vectors()
-        while not self.embedder.wait(timeout=0.2):
-            if self._stopping.is_set():
-                return  # shutting down before the model finished loading
-        if not self.embedder.available:
-            return
-        self.queue_backlog()
-        self._backlog_queued.set()
-        # One worker per core embeds batches while the writer stores the previous ones: the write (~15-25 ms
-        # for 32 rows) is not on the model's path. An item is done (drain) once its vector is stored.
-        written: WrittenQueue = queue.Queue(maxsize=4)
-        writer = threading.Thread(target=self._write_loop, args=(written,), name="kope-embed-writer", daemon=True)
-        writer.start()
-        workers = [threading.Thread(target=self._embed_batches, args=(written,), name=f"kope-embed-{n}",
-                                    daemon=True) for n in range(1, self.embedder.workers)]
-        for worker in workers:
-            worker.start()
-        try:
-            self._embed_batches(written)
-        finally:
-            for worker in workers:
-                worker.join(timeout=30)
-            written.put(None)
-            writer.join(timeout=30)
-
-    def _embed_batches(self, written: WrittenQueue) -> None:
-        """Take batches off the queue until the stop mark (left in the queue for the other workers)."""
-        while True:
-            item = self._queue.get()
-            if item is None:
-                self._queue.put(None)
-                return
-            batch = [item]
-            while len(batch) < EMBED_BATCH:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                batch.append(nxt)
-            vectors = self.embedder.embed_batch([text for _, _, text in batch]) or []
-            written.put((len(batch), [(item_id, kind, MODEL_NAME, vector)
-                                      for (kind, item_id, _), vector in zip(batch, vectors, strict=False)]))
-
-    def _write_loop(self, written: WrittenQueue) -> None:
-        """Vectors go into the search index at once and into the store by COPYs of up to WRITE_ROWS rows: a
-        COPY costs ~1.4 ms a row at 32 rows and ~0.26 ms at 1,024, and on two cores every millisecond spent
-        there is taken from the model."""
-        count: int = 0
-        rows: list[EmbeddingRow] = []
-        while True:
-            idle = False
-            try:
-                job = written.get(timeout=WRITE_IDLE_S if rows else None)
-            except queue.Empty:
-                job, idle = None, True  # no batch for a while: the backlog is done or trickling
-            if job is not None:
-                count, rows = count + job[0], rows + job[1]
-                for item_id, kind, _, vector in job[1]:
-                    self.vectors.add(item_id, kind, vector)
-            stopping = job is None and not idle
-            if rows and (stopping or idle or len(rows) >= WRITE_ROWS):
-                self._store_vectors(count, rows)
-                count, rows = 0, []
-            if stopping:
-                return
-
-    def _store_vectors(self, count: int, rows: list[EmbeddingRow]) -> None:
-        try:
-            self.store.add_embeddings(rows)
-        except RuntimeError as exc:  # Kùzu's errors: these items stay unembedded, re-queued at the next start
-            log.warning("could not store %d embeddings: %s", len(rows), exc)
-        finally:
-            for _ in range(count):
-                self._queue.task_done()
+        return self.embeddings.backlog
 
     def drain(self, timeout: float = 60.0) -> None:
-        """Wait until stored vectors are loaded and queued embeddings written (tests and benchmarks)."""
-        if not self.embedder.wait(timeout) or self._worker is None:
-            return
-        self._vectors_loaded.wait(timeout)
-        self._backlog_queued.wait(timeout)
-        done = threading.Event()
-        def join_then_signal() -> None:
-            self._queue.join()
-            done.set()
-
-        threading.Thread(target=join_then_signal, daemon=True).start()
-        done.wait(timeout)
+        self.embeddings.drain(timeout)
 
     def enqueue_embedding(self, kind: str, item_id: str, text: str) -> None:
-        if self.embedder.enabled:
-            self._queue.put((kind, item_id, text))
+        self.embeddings.enqueue(kind, item_id, text)
 
     # --- tasks, hardware, sessions -------------------------------------------------------------------------
     def ensure_task(self, task: Task) -> None:
@@ -253,7 +134,22 @@ class ExperienceMemory:
         record = SessionRecord(session_id=new_id("s"), task_id=task.id, hardware_key=hw.key,
                                agent=agent or AgentInfo(), created_at=now())
         self.store.add_session(record)
+        self._sessions.put(record.session_id, record)
         return record
+
+    def session(self, session_id: str) -> SessionRecord:
+        """The session (UnknownSessionError if none). Cached: its task, hardware and agent never change, and its
+        incumbent changes only through this memory, which updates the cached copy."""
+        cached = self._sessions.get(session_id)
+        if cached is None:
+            cached = self.store.session(session_id)
+            self._sessions.put(session_id, cached)
+        return cached
+
+    def forget_cached(self) -> None:
+        """Drop cached records (after an import wrote to the store directly)."""
+        self._sessions.clear()
+        self._sources.clear()
 
     # --- strategies ----------------------------------------------------------------------------------------
     def canonical_strategy(self, name: str) -> StrategyRecord:
@@ -305,11 +201,15 @@ class ExperienceMemory:
         if record.parent_id:
             # Diffs are computed once here, so the read path never fetches sources.
             if parent_source is None:
+                parent_source = self._sources.get(record.parent_id)
+            if parent_source is None:
                 parent_source = self.store.sources([record.parent_id]).get(record.parent_id)
             record.diff_from_parent = short_diff(parent_source, record.source)
         record.label = label_for(record.ok, None, None)
         self.store.add_attempt(record)
         self.index.upsert_attempt(record)
+        if record.source:
+            self._sources.put(record.kernel_id, record.source)  # the next attempt's parent, most likely
         # A new attempt has no measured gain and no successors: d = 0, and no ancestor's score changes.
         self.enqueue_embedding("attempt", record.kernel_id, _embedding_text(record))
         return record
@@ -347,11 +247,13 @@ class ExperienceMemory:
             step_ratio=ratio, label=label_for(True, True, ratio), confidence=confidence,
             profile_warnings=report.warnings, suspect=report.suspect, suspect_reason="; ".join(report.suspect_reasons),
         )
-        session = self.store.session(attempt.session_id)
+        session = self.session(attempt.session_id)
         # Only a correct candidate that is measurably faster replaces the incumbent.
         if not report.suspect and (session.incumbent_speedup is None
                                    or report.speedup_vs_baseline_ci95[0] > session.incumbent_speedup):
             self.store.set_incumbent(session.session_id, kernel_id, report.speedup_vs_baseline)
+            self._sessions.put(session.session_id, session.model_copy(
+                update={"incumbent_id": kernel_id, "incumbent_speedup": report.speedup_vs_baseline}))
         for child in self.store.successors(kernel_id):
             if child.speedup is not None:
                 child_ratio = step_ratio(child.speedup, report.speedup_vs_baseline)

@@ -109,6 +109,7 @@ def import_memory(memory: ExperienceMemory, path: Path) -> ImportReport:
     except (KeyError, ValueError) as exc:
         raise InvalidExportError(f"{path}:{importer.line}: {type(exc).__name__}: {exc}") from None
     finally:
+        memory.forget_cached()  # the import wrote to the store directly
         if importer.added.get("lesson"):
             memory.store.rebuild_text_index()
     if importer.added:

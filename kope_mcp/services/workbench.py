@@ -168,14 +168,14 @@ class Workbench:
         if parent is not None and parent.task_id != task_id:
             raise TaskMismatchError(f"parent {parent_id} is a kernel for task {parent.task_id!r}, not {task_id!r}")
         if session_id is not None:
-            session = self.store.session(session_id)
+            session = self.memory.session(session_id)
             if session.task_id != task_id:
                 raise TaskMismatchError(
                     f"session {session_id} works on task {session.task_id!r}; omit session_id to start a "
                     f"session for {task_id!r}"
                 )
         elif parent is not None:
-            session = self.store.session(parent.session_id)
+            session = self.memory.session(parent.session_id)
         else:
             session = self.memory.create_session(task, agent, hardware)
         if session.hardware_key != hardware.key:

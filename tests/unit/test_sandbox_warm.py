@@ -1,4 +1,5 @@
-"""Sandboxes prepared ahead of time: the same isolation as a fresh one, used once, refilled in the background."""
+"""Sandboxes prepared ahead of time: the same isolation as a fresh one, used once, refilled in the background
+when the caller is done."""
 
 import contextlib
 import os
@@ -10,7 +11,7 @@ import pytest
 from kope_mcp.sandbox import RUN_UID_BASE, SandboxLimits, capabilities, scrubbed_env
 from kope_mcp.sandbox_warm import PreparedSandbox, SandboxPool
 
-pytestmark = pytest.mark.skipif(not capabilities().isolated, reason="no isolation on this machine")
+isolated = pytest.mark.skipif(not capabilities().isolated, reason="no isolation on this machine")
 LIMITS = SandboxLimits(wall_seconds=20, cpu_seconds=20)
 
 
@@ -21,6 +22,7 @@ def run(pool: SandboxPool, root: Path, script: str, limits: SandboxLimits = LIMI
         return prepared.execute(["/bin/sh", "-c", script, "sh", "a b", "c'd"])
 
 
+@isolated
 def test_the_command_given_at_release_runs_in_the_run_folder_with_its_arguments_intact(tmp_path):
     pool = SandboxPool()
     result = run(pool, tmp_path, 'pwd; cat data.txt; printf "<%s>" "$@"; echo; echo err >&2; exit 3')
@@ -30,6 +32,7 @@ def test_the_command_given_at_release_runs_in_the_run_folder_with_its_arguments_
     assert result.stderr_tail.strip() == "err"
 
 
+@isolated
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root server gives each run its own uid")
 def test_each_use_is_a_new_sandbox_with_its_own_uid_and_nothing_left_by_the_last(tmp_path):
     pool = SandboxPool()
@@ -44,6 +47,7 @@ def test_each_use_is_a_new_sandbox_with_its_own_uid_and_nothing_left_by_the_last
     assert list((tmp_path).iterdir()) == []  # every scratch folder removed, the prepared one included
 
 
+@isolated
 def test_a_prepared_sandbox_holds_nothing_of_the_run_s_identity_until_released(tmp_path):
     prepared = PreparedSandbox(tmp_path, LIMITS, scrubbed_env(), ())
     try:
@@ -62,6 +66,7 @@ def test_a_prepared_sandbox_holds_nothing_of_the_run_s_identity_until_released(t
     assert result.stdout_tail.split() == [str(prepared.scratch.uid), "released"]
 
 
+@isolated
 def test_the_wall_clock_limit_counts_from_the_release_and_kills_the_run(tmp_path):
     pool = SandboxPool()
     limits = SandboxLimits(wall_seconds=1.0, cpu_seconds=20)
@@ -75,6 +80,7 @@ def test_the_wall_clock_limit_counts_from_the_release_and_kills_the_run(tmp_path
     assert hung.timed_out and hung.returncode is None
 
 
+@isolated
 def test_a_prepared_sandbox_that_died_is_replaced_by_a_fresh_one(tmp_path):
     pool = SandboxPool()
     run(pool, tmp_path, "true")
@@ -85,3 +91,19 @@ def test_a_prepared_sandbox_that_died_is_replaced_by_a_fresh_one(tmp_path):
     result = run(pool, tmp_path, "echo still works")
     pool.close()
     assert result.stdout_tail.strip() == "still works"
+
+
+def test_the_spawner_waits_until_no_sandbox_was_taken_or_returned_for_the_quiet_time():
+    pool = SandboxPool(quiet_s=0.2, max_defer_s=10)
+    pool._last_activity = time.monotonic()
+    started = time.monotonic()
+    pool._wait_for_quiet()
+    assert time.monotonic() - started >= 0.2 - 1e-3
+
+
+def test_the_spawner_waits_no_longer_than_the_deferral_cap_under_constant_activity():
+    pool = SandboxPool(quiet_s=5, max_defer_s=0.2)
+    pool._last_activity = time.monotonic() + 60  # as if a sandbox were taken or returned all the time
+    started = time.monotonic()
+    pool._wait_for_quiet()
+    assert 0.2 - 1e-3 <= time.monotonic() - started < 5

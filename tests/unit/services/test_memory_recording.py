@@ -48,6 +48,23 @@ def test_the_incumbent_is_the_best_correct_attempt(workbench, session):
     assert rec.incumbent_id != session["wrong"]
 
 
+def test_the_memory_s_cached_session_agrees_with_the_store_after_every_step(workbench, session):
+    # compile_kernel reads sessions from the memory's cache: the incumbent must be the stored one.
+    assert workbench.memory.session(session["session"]) == workbench.store.session(session["session"])
+
+
+def test_a_new_attempt_s_diff_comes_from_its_parent_s_source_whether_cached_or_read(workbench, session):
+    source = workbench.store.sources([session["fast"]])[session["fast"]]
+    first = workbench.compile_kernel("sum_reduce", source + "\n// zero\n")
+    # The parent is the session's latest attempt, whose source the memory still holds.
+    cached = workbench.compile_kernel("sum_reduce", source + "\n// zero\n// one\n", session_id=first.session_id)
+    workbench.memory.forget_cached()
+    read = workbench.compile_kernel("sum_reduce", source + "\n// zero\n// one\n// two\n",
+                                    session_id=first.session_id)
+    diffs = [workbench.store.attempt(r.kernel_id).diff_from_parent for r in (cached, read)]
+    assert [d.strip() for d in diffs] == ["+ // one", "+ // two"]
+
+
 def test_the_client_that_produced_the_session_is_recorded(workbench, session):
     assert workbench.store.session(session["session"]).agent == AgentInfo(name="claude-desktop", version="1.2.3")
     assert workbench.store.attempt(session["naive"]).agent == "claude-desktop 1.2.3"
