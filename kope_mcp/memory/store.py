@@ -7,11 +7,14 @@ failed one poisoned its connection), indexes created once by a numbered migratio
 lesson FTS index, rebuilt after bulk loads: see ``rebuild_text_index``).
 Embeddings live in their own table without a vector index (an indexed column cannot be SET) and are searched
 by numpy brute force, which is as fast as HNSW at these sizes.
+A compile's attempt is journalled and acknowledged before its statement runs (``add_attempt_soon``, journal.py);
+every statement first writes what the journal holds, so reads never miss an acknowledged attempt.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -23,6 +26,7 @@ import kuzu
 
 from kope_mcp.errors import UnknownExperienceError, UnknownKernelError, UnknownSessionError
 from kope_mcp.memory.bulk import BulkLoading
+from kope_mcp.memory.journal import AttemptJournal, JournalledAttempts
 from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
 from kope_mcp.memory.rows import (
     ATTEMPT_COLUMNS,
@@ -39,6 +43,8 @@ _GOT_FURTHER = "c.ok = true AND (p.ok = false OR c.correct = true)"
 _SUMMARY_RETURN = ", ".join(f"a.{c} AS {c}" for c in ATTEMPT_COLUMNS if c not in ("source", "search_text"))
 
 
+log = logging.getLogger(__name__)
+
 _PREPARED_CACHE = 256
 
 
@@ -46,7 +52,7 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-class KuzuExperienceStore(BulkLoading):
+class KuzuExperienceStore(BulkLoading, JournalledAttempts):
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
@@ -55,17 +61,29 @@ class KuzuExperienceStore(BulkLoading):
         self._lock = threading.RLock()
         # Planning a parameterised query costs about as much as running it: each distinct text is planned once.
         self._prepared: OrderedDict[str, kuzu.PreparedStatement] = OrderedDict()
+        # Attempts acknowledged before they are in the graph: written by a background thread, and before any
+        # other statement (reads included) runs, so nobody reads around them.
+        self._journal = AttemptJournal(path.with_name(path.name + ".pending"))
+        self._applying = False
+        self._wake = threading.Event()
+        self._closing = False
+        self._applier: threading.Thread | None = None
         self._migrate()
+        self._replay_journal()
 
     # --- plumbing ------------------------------------------------------------------------------------------
     def _rows(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         with self._lock:
+            if self._journal.pending and not self._applying:
+                self._apply_journal()
             result = self._run(query, params)
             names = result.get_column_names()
             return [dict(zip(names, row, strict=True)) for row in result.get_all()]
 
     def _exec(self, query: str, params: dict[str, Any] | None = None) -> None:
         with self._lock:
+            if self._journal.pending and not self._applying:
+                self._apply_journal()
             self._run(query, params)
 
     def _run(self, query: str, params: dict[str, Any] | None) -> kuzu.QueryResult:
@@ -114,6 +132,13 @@ class KuzuExperienceStore(BulkLoading):
 
     def close(self) -> None:
         with self._lock:
+            self._apply_journal()
+            self._closing = True
+            self._wake.set()
+        if self._applier is not None:
+            self._applier.join(timeout=30)
+        with self._lock:
+            self._journal.close()
             self._conn.close()
             self._db.close()
 

@@ -206,7 +206,8 @@ class ExperienceMemory:
                 parent_source = self.store.sources([record.parent_id]).get(record.parent_id)
             record.diff_from_parent = short_diff(parent_source, record.source)
         record.label = label_for(record.ok, None, None)
-        self.store.add_attempt(record)
+        # Journalled and synced now, in the graph right after: the answer does not wait for the statement.
+        self.store.add_attempt_soon(record)
         self.index.upsert_attempt(record)
         if record.source:
             self._sources.put(record.kernel_id, record.source)  # the next attempt's parent, most likely
