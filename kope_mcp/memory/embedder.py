@@ -10,7 +10,7 @@ as fast and a question in ~30% less time, with vectors interchangeable with floa
 Threads: torch computes on one thread per caller. The backlog runs one worker per core (two single-thread
 workers embed 15-25% more than one two-thread call: these matrices are small), each with its own copy of the
 tokenizer (a fast tokenizer is not thread-safe); the model's weights are shared and only read. A question runs
-at once on its own thread, and workers start no new batch while one is being embedded.
+at once on its caller's thread, and workers start no new batch while one is being embedded.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,6 @@ class BackgroundEmbedder:
         self._local = threading.local()  # each thread's own tokenizer: a fast tokenizer is not thread-safe
         self._questions_lock = threading.Lock()
         self._questions = 0  # questions being embedded: backlog workers start no batch meanwhile
-        self._question_pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -107,15 +105,6 @@ class BackgroundEmbedder:
         finally:
             with self._questions_lock:
                 self._questions -= 1
-
-    def embed_soon(self, texts: list[str]) -> Future[list[list[float]] | None]:
-        """:meth:`embed` on a question thread, so the caller can read the graph meanwhile."""
-        with self._questions_lock:
-            if self._question_pool is None:
-                # Two: questions of two clients at once, each on a core.
-                self._question_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kope-question")
-            pool = self._question_pool
-        return pool.submit(self.embed, texts)
 
     def embed_batch(self, texts: list[str]) -> list[list[float]] | None:
         """Vectors of a backlog batch, computed on the calling worker's thread once no question is being
