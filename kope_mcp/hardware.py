@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -119,21 +120,40 @@ def probe_compiler(name: str) -> CompilerInfo:
     return CompilerInfo(name=name, path=path, version=version, openmp=openmp)
 
 
-@functools.cache
-def copy_bandwidth_gbps() -> float:
-    """Single-thread memory copy bandwidth (read + write bytes per second), best of three 256 MiB copies."""
-    import time
+_bandwidth_lock = threading.Lock()
+_bandwidth_best_gbps = 0.0
 
-    import numpy as np
 
-    src = np.ones(64 * 1024**2, dtype=np.float32)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.nbytes / best / 1e9
+def streaming_bandwidth_gbps(*, again: bool = False) -> float:
+    """The fastest single-thread memory stream this process has measured, in GB/s: a read of 256 MiB (a max
+    reduction) or a copy (read + write bytes), best of three each.
+
+    A busy machine only makes a probe slower, so the best seen so far is the bound; ``again`` probes once more
+    (before a result above the bound is called suspect: the first probe may have run while tests or builds
+    shared the memory bus). A plain copy alone understates what a read-only stream reaches by ~20-35% here
+    (write-allocate traffic is not counted), which flagged honest reductions as beyond the roofline.
+    """
+    global _bandwidth_best_gbps
+    with _bandwidth_lock:
+        if _bandwidth_best_gbps and not again:
+            return _bandwidth_best_gbps
+        import time
+
+        import numpy as np
+
+        src = np.ones(64 * 1024**2, dtype=np.float32)
+        dst = np.empty_like(src)
+        best_read = best_copy = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            src.max()
+            t1 = time.perf_counter()
+            np.copyto(dst, src)
+            t2 = time.perf_counter()
+            best_read, best_copy = min(best_read, t1 - t0), min(best_copy, t2 - t1)
+        measured = max(src.nbytes / best_read, 2 * src.nbytes / best_copy) / 1e9
+        _bandwidth_best_gbps = max(_bandwidth_best_gbps, measured)
+        return _bandwidth_best_gbps
 
 
 def peak_gflops(profile: HardwareProfile, threads: int) -> float:
