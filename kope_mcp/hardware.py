@@ -126,12 +126,13 @@ _bandwidth_best_gbps = 0.0
 
 def streaming_bandwidth_gbps(*, again: bool = False) -> float:
     """The fastest single-thread memory stream this process has measured, in GB/s: a read of 256 MiB (a max
-    reduction) or a copy (read + write bytes), best of three each.
+    reduction) or a copy (read + write bytes).
 
     A busy machine only makes a probe slower, so the best seen so far is the bound; ``again`` probes once more
     (before a result above the bound is called suspect: the first probe may have run while tests or builds
     shared the memory bus). A plain copy alone understates what a read-only stream reaches by ~20-35% here
     (write-allocate traffic is not counted), which flagged honest reductions as beyond the roofline.
+    Best of five of each: neighbours on a shared machine slow single probes by a third.
     """
     global _bandwidth_best_gbps
     with _bandwidth_lock:
@@ -144,7 +145,7 @@ def streaming_bandwidth_gbps(*, again: bool = False) -> float:
         src = np.ones(64 * 1024**2, dtype=np.float32)
         dst = np.empty_like(src)
         best_read = best_copy = float("inf")
-        for _ in range(3):
+        for _ in range(5):
             t0 = time.perf_counter()
             src.max()
             t1 = time.perf_counter()
