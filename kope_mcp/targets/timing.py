@@ -12,11 +12,14 @@ and could write anything into the pipe while it runs (the other workers are stop
 - every claimed interval must lie inside its stamped one (``stamp(B) <= t0 <= t1 <= stamp(E)``): the
   acknowledgement makes this hold for any honest batch however late the timekeeper was scheduled, so a claim
   outside it is a forgery (the baseline made to look slower than it ran, say);
-- the part of the stamped window a claim leaves out (wake-ups and pipe writes) must be about the same for every
-  implementation, which are interleaved: a kernel that claims to start later or end earlier than it did
-  leaves out more. The difference of the medians may not exceed 3% of the implementation's median batch or
-  0.25 ms, whichever is larger; that is all a forger can gain. (Measured here: 50-130 µs left out, medians
-  within 70 µs of each other, with both CPUs busy too, because the timekeeper shares the kernel's CPU.)
+- the part of the stamped window the candidate's claims leave out (wake-ups and pipe writes) must be about what
+  the least of the interleaved implementations leaves out: a kernel that claims to start later or end earlier
+  than it did leaves out more. The difference of the medians may not exceed 3% of the candidate's median batch
+  or 0.25 ms, whichever is larger; that is all a forger can gain. (Measured here: 50-130 µs left out, medians
+  within 70 µs of each other, with both CPUs busy too, because the timekeeper shares the kernel's CPU.) Only the
+  candidate is held to it: the baseline's and the reference's workers run no kernel code and are stopped while
+  the kernel runs, so their lines are not the kernel's to write; with another process streaming memory the
+  numpy reference left out 0.56-0.67 ms against 0.14-0.19 ms for the others, which refused honest kernels.
 
 The samples reported are the harness's own clock readings, once corroborated.
 """
@@ -87,8 +90,9 @@ def schedule(order: list[str], rounds: int) -> list[str]:
     return [name for r in range(rounds) for name in order[r % len(order):] + order[: r % len(order)]]
 
 
-def corroborate(batches: list[Batch], order: list[str]) -> CorroboratedTimings:
-    """``order``: the implementations in the harness's order (candidate, baseline?, reference?)."""
+def corroborate(batches: list[Batch], order: list[str], untrusted: str = "candidate") -> CorroboratedTimings:
+    """``order``: the implementations in the harness's order (candidate, baseline?, reference?); ``untrusted``:
+    the one whose process runs the kernel's code, the only one that could have written forged lines."""
     rounds, extra = divmod(len(batches), len(order))
     if rounds == 0 or extra or [b.impl for b in batches] != schedule(order, rounds):
         raise TimingUnverified("the timed batches do not follow the harness's schedule")
@@ -100,7 +104,7 @@ def corroborate(batches: list[Batch], order: list[str]) -> CorroboratedTimings:
         if len({b.calls for b in mine}) != 1:
             raise TimingUnverified(f"{impl!r} changed its calls per batch during the measurement")
         claimed = float(np.median([b.claimed_s for b in mine]))
-        if left_out[impl] - least > max(RELATIVE_TOLERANCE * claimed, ABSOLUTE_TOLERANCE_S):
+        if impl == untrusted and left_out[impl] - least > max(RELATIVE_TOLERANCE * claimed, ABSOLUTE_TOLERANCE_S):
             raise TimingUnverified(
                 f"{impl!r}: its claims leave {left_out[impl] * 1e3:.3f} ms of the stamped batch unaccounted for "
                 f"(median), against {least * 1e3:.3f} ms for the others; median claimed batch "
