@@ -22,13 +22,14 @@ ROOFLINE_MARGIN = 2.0
 
 def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase],
                     expected: list[list[np.ndarray]]) -> tuple[ProfileFailure | None, str]:
-    """Why a profile is not a measurement (wrong or crashing at the profiling size, ...), or (None, "")."""
+    """Why a profile is not a measurement (wrong or crashing at the profiling size, ...), or (None, "").
+
+    Wrong outputs come before unverified timings: they were read back by the coordinator whatever the timing
+    stream said, and "wrong" tells the agent what to fix where "profile again" would not."""
     sizes = sets[0].sizes
-    if outcome.status == "unverified":
-        return "timing_unverified", outcome.message
     if outcome.status == "load_error":
         return "load_error", outcome.message
-    if outcome.status != "ok":
+    if outcome.status not in ("ok", "unverified"):
         return "crash_at_profile_size", f"at the profiling size {sizes}: {outcome.message}"
     if outcome.result.get("inconsistent_calls"):
         return "wrong_at_profile_size", (
@@ -40,7 +41,7 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
         return "wrong_at_profile_size", (f"the kernel wrote into input(s) {outcome.result['inputs_modified']} "
                                          f"at the profiling size {sizes}: inputs are read-only")
     names = [a.name for a in task.outputs()]
-    for case, got, exp in zip(sets, outcome.outputs, expected, strict=True):
+    for case, got, exp in zip(sets, outcome.outputs, expected, strict=bool(outcome.outputs)):
         result, failure = judge_case(case.name, case.sizes, got, exp, names,
                                      task.spec.tolerance_for(task.spec.profile), [])
         if failure is not None:
@@ -50,6 +51,8 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
             return "wrong_at_profile_size", (
                 f"the outputs of timed calls at the profiling size {sizes} do not match the reference"
                 f"{where}; the small test cases passed, so look for size-dependent paths")
+    if outcome.status == "unverified":
+        return "timing_unverified", outcome.message
     return None, ""
 
 

@@ -128,11 +128,9 @@ def test_a_result_file_written_by_the_kernel_is_ignored(workbench):
     assert profile.speedup_vs_baseline < 3.0
 
 
-@pytest.mark.slow
-def test_a_kernel_that_slips_fake_batches_into_the_timing_pipe_is_refused(workbench):
-    # Every call closes the harness's batch at once with a well-formed 0 ns claim, and opens one of its own, on
-    # the timing descriptor the job names.
-    body = r"""
+# Every call closes the harness's batch at once with a well-formed 0 ns claim, and opens one of its own, on the
+# timing descriptor the job names.
+FAKE_BATCHES = r"""
     static int fd = -1;
     if (fd < 0) {
         char job[65536]; FILE *f = fopen("/kope/in/job.json", "r");
@@ -147,13 +145,30 @@ def test_a_kernel_that_slips_fake_batches_into_the_timing_pipe_is_refused(workbe
     int len = snprintf(fake, sizeof fake, "E candidate 1 %lld %lld\nB candidate\n", now, now);
     if (fd >= 0 && write(fd, fake, (size_t)len) < 0) {}
 """
-    kernel_id, report = compile_and_test(workbench, attack_kernel(body=body))
+
+
+@pytest.mark.slow
+def test_a_kernel_that_slips_fake_batches_into_the_timing_pipe_is_refused(workbench):
+    kernel_id, report = compile_and_test(workbench, attack_kernel(body=FAKE_BATCHES))
     assert report.passed, report.message
     profile = workbench.profile_kernel(kernel_id)
     assert profile.failure == "timing_unverified", profile
     assert profile.speedup_vs_baseline is None
     record = workbench.store.attempt(kernel_id)
     assert record.label != "effective" and record.speedup is None
+
+
+@pytest.mark.slow
+def test_a_kernel_wrong_at_the_profiling_size_is_called_wrong_even_when_its_timings_are_forged_too(workbench):
+    # The outputs are the coordinator's reading whatever the timing stream says: "wrong" tells the agent what to
+    # fix, where "could not be corroborated, profile again" would send it round in circles.
+    wrong_when_big = FAKE_BATCHES + "    if (n > 8000000) pwned = 1000.0f;\n"
+    kernel_id, report = compile_and_test(workbench, attack_kernel(body=wrong_when_big))
+    assert report.passed, report.message
+    profile = workbench.profile_kernel(kernel_id)
+    assert profile.failure == "wrong_at_profile_size", profile
+    assert profile.speedup_vs_baseline is None
+    assert workbench.store.attempt(kernel_id).label == "incorrect"
 
 
 def test_a_forged_trailer_in_the_result_descriptor_is_refused(workbench):
