@@ -44,6 +44,10 @@ from kope_mcp.harness import (
 _PR_SET_DUMPABLE = 4
 _IOV_MAX = 1024
 OUTPUT_BUDGET_BYTES = 48 * 1024**2  # fresh buffers per sample: a kernel writes at least its outputs in ~5 ms
+_COMMAND_CAP = 1 << 17  # "S" and up to 10,000 comma-separated set indices
+# A kernel given one CPU whose process used more CPU time than this times its timed wall time ran elsewhere too.
+ESCAPED_CPU_RATIO = 1.3
+_CLOCK_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -194,11 +198,11 @@ def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[Inp
     pid0 = os.getpid()
     source = os.fdopen(commands, "rb", buffering=0)
     while True:
-        command = source.readline(256).split()
-        if len(command) != 3 or command[0] != b"S":
+        command = source.readline(_COMMAND_CAP).split()
+        if len(command) != 2 or command[0] != b"S":
             os._exit(0)
-        first, n = int(command[1]), int(command[2])
-        chosen = [(first + j) % len(sets) for j in range(n)]
+        chosen = [int(i) for i in command[1].split(b",")]
+        n = len(chosen)
         calls: list[tuple[Any, list[Any], dict[str, Any]]]
         if region is not None:
             calls = [(kernel, region.call_args(i, j), {}) for j, i in enumerate(chosen)]
@@ -294,23 +298,31 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     checks = Consistency(job["consistency_atol"], job["consistency_rtol"])
     candidate = CandidateBuffers(regions["candidate"], workers["candidate"].pid)
 
+    # Drawn here, after every worker was forked: no process that loads a kernel holds this generator's state.
+    streams = {name: SetStream(len(sets), np.random.default_rng(int.from_bytes(os.urandom(16), "little")))
+               for name in names}
+    usage = CpuUsage(workers["candidate"].pid, cpu)
+
     def sample(name: str, n: int) -> float:
         worker = workers[name]
         if name == "candidate":
             candidate.poison(n)
         if isolated and _other_processes(expected):
             raise ForkedError(name)
-        first = worker.calls
+        chosen = streams[name].take(n)
         worker.calls += n
-        reply = worker.ask(f"S {first} {n}")
+        if name == "candidate":
+            usage.before()
+        reply = worker.ask("S " + ",".join(map(str, chosen)))
         if reply[0] != "D" or len(reply) != 3:
             raise WorkerDied(worker)
         if name == "candidate":
-            for j, outputs in enumerate(candidate.read(n)):
-                checks.check((first + j) % len(sets), outputs, j)
+            usage.after((int(reply[2]) - int(reply[1])) / 1e9)
+            for j, (index, outputs) in enumerate(zip(chosen, candidate.read(n), strict=True)):
+                checks.check(index, outputs, j)
         return (int(reply[2]) - int(reply[1])) / 1e9 / n
 
-    cap, target = float(job["time_cap_s"]), float(job.get("sample_target_s", 0.005))
+    cap, target = float(job["time_cap_s"]), float(job.get("sample_target_s", 0.002))
     min_rounds, max_rounds, rel_iqr_goal = int(job.get("min_rounds", 7)), int(job.get("max_rounds", 5000)), 0.02
     try:
         progress.mark("warmup")
@@ -321,6 +333,11 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             if name != "reference":
                 inner[name] = min(inner[name], buffers)
         samples: dict[str, list[float]] = {name: [] for name in names}
+        # Where the pool allows min_rounds batches of fresh sets, the measurement ends before a set is timed twice
+        # (a cache of results keyed by the inputs then has nothing to replay); otherwise sets repeat, each call
+        # still checked against the first result on its set.
+        fresh_rounds = len(sets) >= inner["candidate"] * (min_rounds + 1)
+        usage.reset()
         start = time.perf_counter()
         rounds = 0
         progress.mark("measure")
@@ -331,12 +348,14 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
                 samples[name].append(sample(name, inner[name]))
             rounds += 1
             if rounds >= min_rounds and (time.perf_counter() - start >= cap or all(
-                    _relative_iqr(samples[k]) <= rel_iqr_goal for k in ("candidate", "baseline") if k in samples)):
+                    _relative_iqr(samples[k]) <= rel_iqr_goal for k in ("candidate", "baseline") if k in samples)
+                    or streams["candidate"].would_repeat(inner["candidate"], fresh_rounds)):
                 break
         seconds = time.perf_counter() - start
         if isolated and _other_processes(expected):
             raise ForkedError("candidate")
         inputs_modified = candidate.inputs_modified()
+        escaped = usage.escaped_mask()
     except ForkedError:
         _end(workers)
         return {"fatal": "fork", "case": sets[0].name}
@@ -349,12 +368,19 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         return {"fatal": "crash", "message": f"the coordinator cannot reach the candidate's buffers ({exc}); "
                                              "a kernel that unmapped or protected them?"}
     _end(workers)
-    # The first call's outputs on each set go back to be judged against the reference: every later timed call
-    # was checked against them (bit for bit or within tolerance), so they speak for all of them.
-    for index in range(len(sets)):
+    # The first call's outputs on each set it ran on go back to be judged against the reference: every later
+    # call on the same set was checked against them (bit for bit or within tolerance), so they speak for all.
+    checked = sorted(checks.anchor)
+    for index in checked:
         for name in sets[index].output_meta:
             out.array(checks.anchor[index][name])
     return {
+        "checked_sets": checked,
+        "candidate_calls": workers["candidate"].calls,
+        "repeated_calls": streams["candidate"].repeated,
+        "cpu_seconds": round(usage.cpu_s, 6),
+        "timed_seconds": round(usage.wall_s, 6),
+        "cpu_mask_widened": escaped,
         "inner": inner,
         "rounds": rounds,
         "seconds": seconds,
@@ -364,6 +390,78 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         "inputs_modified": inputs_modified,
         "omp_threads": candidate_omp,
     }
+
+
+class SetStream:
+    """Which input set each call of one implementation gets: every set once in a random order, then again in a
+    new order; the order is drawn by the coordinator and told to the worker one batch at a time."""
+
+    def __init__(self, count: int, rng: np.random.Generator) -> None:
+        self.count, self.rng = count, rng
+        self.pending: list[int] = []
+        self.used = 0
+        self.repeated = 0
+
+    def take(self, n: int) -> list[int]:
+        chosen = []
+        for _ in range(n):
+            if not self.pending:
+                self.pending = [int(i) for i in self.rng.permutation(self.count)]
+            chosen.append(self.pending.pop())
+            self.repeated += self.used >= self.count
+            self.used += 1
+        return chosen
+
+    def would_repeat(self, n: int, enforce: bool) -> bool:
+        return enforce and self.used + n > self.count
+
+
+class CpuUsage:
+    """The candidate process's CPU time (every thread, the ones that ended included: /proc/PID/stat) against the
+    wall time its timed batches claim, and its threads' CPU masks: threads are measured, not declared."""
+
+    def __init__(self, pid: int, pinned: int | None) -> None:
+        self.pid, self.pinned = pid, pinned
+        self.cpu_s = self.wall_s = 0.0
+        self._mark = 0.0
+        self.widened = False
+
+    def _ticks(self) -> float:
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) * _CLOCK_TICK_S
+        except (OSError, IndexError, ValueError):
+            return self._mark
+
+    def reset(self) -> None:
+        self.cpu_s = self.wall_s = 0.0
+
+    def before(self) -> None:
+        self._mark = self._ticks()
+
+    def after(self, claimed_s: float) -> None:
+        self.cpu_s += self._ticks() - self._mark
+        self.wall_s += claimed_s
+        self.widened = self.widened or self._mask_widened()
+
+    def escaped_mask(self) -> bool:
+        return self.widened or self._mask_widened()
+
+    def _mask_widened(self) -> bool:
+        """A thread of the candidate allowed on CPUs beyond the one it was given (checked after every batch, while
+        it is stopped: a kernel that restores its mask before returning still shows in its CPU time)."""
+        if self.pinned is None:
+            return False
+        try:
+            threads = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return False
+        for tid in threads:
+            with contextlib.suppress(OSError, ValueError):
+                if os.sched_getaffinity(int(tid)) != {self.pinned}:
+                    return True
+        return False
 
 
 def _end(workers: dict[str, Worker]) -> None:

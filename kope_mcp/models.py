@@ -188,12 +188,24 @@ class ProfileReport(BaseModel):
     speedup_vs_reference: float | None = None
     gflops: float | None = None
     gbytes_per_s: float | None = None
-    threads: int = Field(description="1, or the OpenMP team size the harness's runtime reported.")
+    threads: int = Field(description="The CPUs the kernel's timed calls kept busy, measured from its process's CPU "
+                         "time over their wall time (not what its flags or OpenMP declare).")
     pinned_cpu: int | None
     rounds: int
     measure_seconds: float
-    checked_input_sets: int = Field(0, description="Input sets rotated through the timed calls; the last timed "
-                                    "output of each was compared with the reference.")
+    checked_input_sets: int = Field(0, description="Fresh input sets drawn for this profile that the kernel's timed "
+                                    "calls ran on; the first output on each was compared with the reference and "
+                                    "every later one on the same set with that first one.")
+    repeated_calls: int = Field(0, description="Timed calls on a set the kernel had already run on (0 when the "
+                                "sets outnumber the calls, as for all but the largest tasks).")
+    noisy: bool = Field(False, description="The measurement is imprecise (its CI is wide, or the machine was too busy "
+                        "to corroborate the kernel's own clock, so it was charged the trusted one): the numbers stand, "
+                        "but it is never taught to others as a win or a pitfall. Profile again when it is quieter "
+                        "to get a clean verdict.")
+    noise_reasons: list[str] = Field(default_factory=list)
+    same_code_as_baseline: bool = Field(False, description="The kernel's machine code is the baseline's, byte for "
+                                        "byte: whatever was measured is code placement, so it is never labelled "
+                                        "effective.")
     hardware: HardwareProfile
     warnings: list[str]
     suspect: bool = Field(False, description="The result tripped an integrity check (a CI that contains 1, a rate "

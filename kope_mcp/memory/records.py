@@ -68,6 +68,15 @@ class AttemptRecord(BaseModel):
     profile_warnings: list[str] = Field(default_factory=list)
     suspect: bool = Field(False, description="The measurement tripped an integrity check: never taught as a win.")
     suspect_reason: str = ""
+    speedup_ci_high: float | None = None
+    noisy: bool = Field(False, description="Too imprecise to teach (a wide CI, or conservative timings on a busy "
+                        "machine): kept, never served as a win or a pitfall.")
+    noise_reason: str = ""
+
+    @property
+    def teaches(self) -> bool:
+        """A clean verdict: only these become what worked, a pitfall, or a verified lesson."""
+        return not self.suspect and not self.noisy
 
     @model_validator(mode="before")
     @classmethod

@@ -24,7 +24,7 @@ _POS = {name: i for i, name in enumerate(SUMMARY_FIELDS)}
 _KERNEL, _SESSION, _TASK, _FAMILY = _POS["kernel_id"], _POS["session_id"], _POS["task_id"], _POS["family"]
 _SIGNATURE, _LABEL, _DOWNSTREAM, _CREATED = _POS["error_signature"], _POS["label"], _POS["downstream"], \
     _POS["created_at"]
-_PARENT, _STRATEGY, _SUSPECT = _POS["parent_id"], _POS["strategy_id"], _POS["suspect"]
+_PARENT, _STRATEGY, _SUSPECT, _NOISY = _POS["parent_id"], _POS["strategy_id"], _POS["suspect"], _POS["noisy"]
 
 
 def summary_row(record: AttemptRecord | dict[str, Any]) -> tuple[Any, ...]:
@@ -116,7 +116,7 @@ class RetrievalIndex:
                 self._by_signature.setdefault(row[_SIGNATURE], _Ranked()).add(row[_CREATED], kernel_id)
             if row[_STRATEGY]:
                 self._by_strategy.setdefault(row[_STRATEGY], _Ranked()).add(score, kernel_id)
-            if row[_LABEL] == "effective" and not row[_SUSPECT]:
+            if row[_LABEL] == "effective" and not row[_SUSPECT] and not row[_NOISY]:
                 self._effective.add(score, kernel_id)
 
     def update_attempt(self, kernel_id: str, **fields: Any) -> None:

@@ -30,9 +30,12 @@ ATTEMPT_COLUMNS_V2: dict[str, tuple[str, str]] = {"suspect": ("BOOLEAN", "false"
 # unread and unwritten: kuzu 0.11.3 segfaults at the checkpoint after `ALTER TABLE ... DROP` and an update.
 ATTEMPT_RENAMED_V3 = {"backend": "target"}
 ATTEMPT_DROPPED_V3 = ("uses_openmp",)
+# Migration 4: labels come from the speedup's interval, and a noisy measurement is kept apart from a clean one.
+ATTEMPT_COLUMNS_V4: dict[str, tuple[str, str]] = {"speedup_ci_high": ("DOUBLE", "NULL"),
+                                                  "noisy": ("BOOLEAN", "false"), "noise_reason": ("STRING", "''")}
 ATTEMPT_COLUMNS: dict[str, str] = {
     ATTEMPT_RENAMED_V3.get(k, k): t for k, t in ATTEMPT_COLUMNS_V1.items() if k not in ATTEMPT_DROPPED_V3
-} | {k: t for k, (t, _) in ATTEMPT_COLUMNS_V2.items()}
+} | {k: t for k, (t, _) in ATTEMPT_COLUMNS_V2.items()} | {k: t for k, (t, _) in ATTEMPT_COLUMNS_V4.items()}
 LESSON_COLUMNS_V1: dict[str, str] = {
     "lesson_id": "STRING", "text": "STRING", "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING",
     "rationale": "STRING", "task_id": "STRING", "family": "STRING", "hardware_key": "STRING",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from kope_mcp.memory.rows import (
     ATTEMPT_COLUMNS_V1,
     ATTEMPT_COLUMNS_V2,
+    ATTEMPT_COLUMNS_V4,
     ATTEMPT_RENAMED_V3,
     LESSON_COLUMNS_V1,
     LESSON_COLUMNS_V3,
@@ -54,5 +55,8 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         *(f"ALTER TABLE Lesson ADD {name} {typ} DEFAULT {default}"
           for name, (typ, default) in LESSON_COLUMNS_V3.items()),
         "MATCH (x:Lesson)-[:FROM_ATTEMPT]->(a:Attempt) SET x.target = a.target",
+    ]),
+    (4, "verdicts from the interval", [
+        f"ALTER TABLE Attempt ADD {name} {typ} DEFAULT {default}" for name, (typ, default) in ATTEMPT_COLUMNS_V4.items()
     ]),
 ]

@@ -257,7 +257,8 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
 
     def best_attempts(self, limit: int) -> list[AttemptRecord]:
         """The best effective attempts anywhere (a full scan; RetrievalIndex serves this once loaded)."""
-        return self._summaries("MATCH (a:Attempt)", "a.label = 'effective'", {}, "a.downstream DESC", limit)
+        return self._summaries("MATCH (a:Attempt)", "a.label = 'effective' AND NOT a.suspect AND NOT a.noisy", {},
+                               "a.downstream DESC", limit)
 
     def attempts_by_id(self, kernel_ids: list[str]) -> list[AttemptRecord]:
         # UNWIND + a primary-key match is an index lookup per id; `IN $ids` would scan the table.

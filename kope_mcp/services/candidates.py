@@ -100,10 +100,14 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
             continue  # already in the hot tier as the latest feedback
         if kid in fixes:
             kind: Kind = "fix"
-        elif not rec.ok or rec.correct is False or rec.label in ("negative", "ineffective"):
+        elif not rec.ok or rec.correct is False:
             kind = "pitfall"
-        elif rec.label in ("effective", "partial") and not rec.suspect:
-            kind = "case"  # a suspect measurement is never offered as what worked
+        elif not rec.teaches:
+            continue  # a suspect or noisy measurement is never offered as what worked nor as what to avoid
+        elif rec.label in ("negative", "ineffective"):
+            kind = "pitfall"  # measurably slower: the whole CI lies below 1 (outcome.label_for)
+        elif rec.label in ("effective", "partial"):
+            kind = "case"
         else:
             continue  # compiled but never measured: nothing to learn from yet
         found[kid] = Candidate(kind=kind, item_id=kid, attempt=rec, fix=fixes.get(kid),

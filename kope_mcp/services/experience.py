@@ -99,8 +99,8 @@ class ExperienceService:
             measured = attempt.speedup is not None or attempt.tested or not attempt.ok
             confidence = attempt.confidence if attempt.speedup is not None else (0.8 if measured else 0.5)
             label, verified = attempt.label, measured
-            if attempt.suspect:
-                # A lesson cannot launder a suspect measurement into a verified win.
+            if attempt.speedup is not None and not attempt.teaches:
+                # A lesson cannot launder a suspect or noisy measurement into a verified outcome.
                 label, verified, confidence = "lesson", False, UNVERIFIED_CONFIDENCE
         else:
             label, verified, confidence = "lesson", False, UNVERIFIED_CONFIDENCE

@@ -13,7 +13,7 @@ from typing import Literal
 from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.diffs import short_diff
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
-from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, step_ratio
+from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, ratio_interval, step_ratio
 from kope_mcp.memory.recent import RecentCache
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
 from kope_mcp.memory.retrieval_index import RetrievalIndex, summary_row
@@ -223,7 +223,10 @@ class ExperienceMemory:
         attempt = self.store.attempt(kernel_id)
         unwritten = sum(c.unwritten for c in report.cases)
         signature = failure_signature(report.failure, report.message, unwritten) or attempt.error_signature
-        label = label_for(attempt.ok, report.passed, attempt.step_ratio if report.passed else None)
+        ratio = attempt.step_ratio if report.passed else None
+        interval = None if ratio is None else ratio_interval(
+            (attempt.speedup_ci_low, attempt.speedup_ci_high), self._predecessor_speedup(attempt), ratio)
+        label = label_for(attempt.ok, report.passed, ratio, interval)
         self._update(kernel_id, tested=True, correct=report.passed, failure=report.failure,
                                   failure_message=report.message[:2000], error_signature=signature, label=label)
         self._refresh_downstream(kernel_id)
@@ -239,14 +242,20 @@ class ExperienceMemory:
         assert report.speedup_vs_baseline is not None and report.speedup_vs_baseline_ci95 is not None
         assert report.kernel is not None
         attempt = self.store.attempt(kernel_id)
-        ratio = step_ratio(report.speedup_vs_baseline, self._predecessor_speedup(attempt))
-        noisy = any(w.startswith("noisy") for w in report.warnings)
-        confidence = measurement_confidence(report.speedup_vs_baseline, report.speedup_vs_baseline_ci95, noisy)
+        predecessor = self._predecessor_speedup(attempt)
+        ratio = step_ratio(report.speedup_vs_baseline, predecessor)
+        interval = ratio_interval(report.speedup_vs_baseline_ci95, predecessor, ratio)
+        confidence = measurement_confidence(report.speedup_vs_baseline, report.speedup_vs_baseline_ci95, report.noisy)
+        label = label_for(True, True, ratio, interval)
+        if report.same_code_as_baseline and label == "effective":
+            label = "partial"  # the baseline's own machine code: a difference measured is placement, not a win
         self._update(
             kernel_id, median_s=report.kernel.median_s, speedup=report.speedup_vs_baseline,
-            speedup_ci_low=report.speedup_vs_baseline_ci95[0], speedup_vs_reference=report.speedup_vs_reference,
-            step_ratio=ratio, label=label_for(True, True, ratio), confidence=confidence,
+            speedup_ci_low=report.speedup_vs_baseline_ci95[0], speedup_ci_high=report.speedup_vs_baseline_ci95[1],
+            speedup_vs_reference=report.speedup_vs_reference,
+            step_ratio=ratio, label=label, confidence=confidence,
             profile_warnings=report.warnings, suspect=report.suspect, suspect_reason="; ".join(report.suspect_reasons),
+            noisy=report.noisy, noise_reason="; ".join(report.noise_reasons),
         )
         session = self.session(attempt.session_id)
         # Only a correct candidate that is measurably faster replaces the incumbent.
@@ -258,8 +267,10 @@ class ExperienceMemory:
         for child in self.store.successors(kernel_id):
             if child.speedup is not None:
                 child_ratio = step_ratio(child.speedup, report.speedup_vs_baseline)
+                child_interval = ratio_interval((child.speedup_ci_low, child.speedup_ci_high),
+                                                report.speedup_vs_baseline, child_ratio)
                 self._update(child.kernel_id, step_ratio=child_ratio,
-                                          label=label_for(True, True, child_ratio))
+                             label=label_for(True, True, child_ratio, child_interval))
                 self._refresh_downstream(child.kernel_id)
         self._refresh_downstream(kernel_id)
         self.enqueue_embedding("attempt", kernel_id, _embedding_text(self.store.attempt(kernel_id)))

@@ -3,16 +3,20 @@ that make a result suspect, and the warnings a report carries. Pure functions ov
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kope_mcp.hardware import HardwareProfile, last_level_cache_bytes, peak_gflops, streaming_bandwidth_gbps
 from kope_mcp.models import CaseResult, FailureKind, ProfileFailure
 from kope_mcp.services.correctness import judge_case
-from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
+from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase, checked_sets
 from kope_mcp.tasks.loader import Task
 
 SEEDS_PER_CASE = 2
 NOISY_RELATIVE_IQR = 0.05
+# A speedup's 95% CI wider than this fraction of the speedup is a noisy verdict: kept, never taught.
+NOISY_CI_WIDTH = 0.15
 IMPLAUSIBLE_SPEEDUP = 10.0
 # Above the fastest stream measured here, x threads, x this: the kernel skipped work. Not tighter: on a shared
 # machine the probe and the kernel run at different moments (single-thread streams varied 19-31 GB/s within
@@ -41,7 +45,9 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
         return "wrong_at_profile_size", (f"the kernel wrote into input(s) {outcome.result['inputs_modified']} "
                                          f"at the profiling size {sizes}: inputs are read-only")
     names = [a.name for a in task.outputs()]
-    for case, got, exp in zip(sets, outcome.outputs, expected, strict=bool(outcome.outputs)):
+    checked = checked_sets(outcome.result, len(sets)) if outcome.outputs else []
+    for index, got in zip(checked, outcome.outputs, strict=True):
+        case, exp = sets[index], expected[index]
         result, failure = judge_case(case.name, case.sizes, got, exp, names,
                                      task.spec.tolerance_for(task.spec.profile), [])
         if failure is not None:
@@ -54,6 +60,29 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
     if outcome.status == "unverified":
         return "timing_unverified", outcome.message
     return None, ""
+
+
+# CPU time over claimed wall time above which a kernel given one CPU ran on others too; below 20 ms of timed wall
+# time the 10 ms accounting tick cannot tell.
+ESCAPED_CPU_RATIO = 1.3
+MIN_ACCOUNTED_S = 0.02
+
+
+def measured_threads(result: dict[str, object], cpus_given: int, declared: int) -> tuple[int, list[str]]:
+    """The CPUs the candidate's timed calls actually kept busy (its process's CPU time over their wall time), and
+    the integrity reasons when that is more than it was given or it widened its own CPU mask."""
+    cpu, wall = result.get("cpu_seconds"), result.get("timed_seconds")
+    reasons = []
+    threads = declared
+    if isinstance(cpu, int | float) and isinstance(wall, int | float) and wall >= MIN_ACCOUNTED_S:
+        ratio = cpu / wall
+        threads = max(1, round(ratio))
+        if cpus_given == 1 and ratio > ESCAPED_CPU_RATIO:
+            reasons.append(f"the kernel kept {ratio:.1f} CPUs busy during its timed calls but was given one: it ran "
+                           "threads outside its CPU mask, so its speedup is not a single-thread result")
+    if result.get("cpu_mask_widened"):
+        reasons.append("the kernel widened its CPU mask beyond the CPU it was given")
+    return threads, reasons
 
 
 def suspect_reasons(speedup_ci: tuple[float, float], flops: int, nbytes: int, median: float, threads: int,
@@ -92,12 +121,25 @@ def beyond_memory_roof(nbytes: int, median: float, threads: int,
     return achieved, streamed
 
 
+def noise_reasons(speedup: float, ci: tuple[float, float], conservative: str) -> list[str]:
+    """Why a measurement is too imprecise to teach ([] for a clean one)."""
+    reasons = []
+    width = (ci[1] - ci[0]) / speedup if speedup > 0 else math.inf
+    if width > NOISY_CI_WIDTH:
+        reasons.append(f"the speedup's 95% CI [{ci[0]:.3f}, {ci[1]:.3f}] spans {width:.0%} of the speedup (more than "
+                       f"{NOISY_CI_WIDTH:.0%}): other work on this machine made the samples vary")
+    if conservative:
+        reasons.append(f"the machine was too busy to corroborate the kernel's own clock ({conservative}): it was "
+                       "charged the trusted timekeeper's windows instead, which can only make it look slower")
+    return reasons
+
+
 def profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speedup_ci: tuple[float, float],
                       nbytes: int, median: float, threads: int, hardware: HardwareProfile | None,
                       naive_baseline: bool = True) -> list[str]:
     warnings = []
     if max(kernel_riqr, base_riqr) > NOISY_RELATIVE_IQR:
-        warnings.append(f"noisy measurement: relative IQR {kernel_riqr:.1%} (kernel) / {base_riqr:.1%} (baseline); "
+        warnings.append(f"variable timings: relative IQR {kernel_riqr:.1%} (kernel) / {base_riqr:.1%} (baseline); "
                         "another process may be busy, profile again before trusting small differences")
     if speedup > IMPLAUSIBLE_SPEEDUP and naive_baseline:
         warnings.append(f"large speedup {speedup:.1f}x over the naive baseline (the timed calls' outputs were checked "
@@ -111,7 +153,8 @@ def profile_warnings(kernel_riqr: float, base_riqr: float, speedup: float, speed
         warnings.append(f"faster than the memory roofline: {beyond[0]:.1f} GB/s moved vs about {beyond[1]:.1f} GB/s "
                         f"this machine streams ({threads} thread(s)); suspicious")
     if threads > 1:
-        warnings.append(f"the kernel used OpenMP on {threads} threads; the baseline and reference are single-threaded")
+        warnings.append(f"the kernel kept {threads} CPUs busy (measured); the baseline and reference are "
+                        "single-threaded")
     return warnings
 
 

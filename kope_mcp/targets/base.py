@@ -48,9 +48,13 @@ class Measurement:
 
     outcome: HarnessOutcome
     baseline_key: str  # "baseline" or "reference": what the speedup is measured against
-    threads: int = 1
+    threads: int = 1  # what the target let it use; what it used is measured (verdicts.measured_threads)
     pinned_cpu: int | None = None
     warnings: list[str] = field(default_factory=list)
+    cpus_given: int = 1  # CPUs the candidate was allowed to run on
+    # The candidate's entry point is the baseline's machine code byte for byte (its source moved code around, or
+    # is the baseline's): a speedup measured then is code placement, never an optimisation to teach.
+    same_code_as_baseline: bool = False
 
 
 @dataclass(frozen=True)

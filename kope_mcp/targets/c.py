@@ -22,7 +22,7 @@ from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetSta
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log
 from kope_mcp.targets.cost import CallgrindCounts, count_kernel, valgrind_available
 from kope_mcp.targets.diagnostics import Diagnostic, parse_diagnostics
-from kope_mcp.targets.elf import exported_functions
+from kope_mcp.targets.elf import exported_functions, function_code
 from kope_mcp.targets.flags import validate_flags
 from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase
 from kope_mcp.targets.toolchain import build_library
@@ -183,7 +183,10 @@ class CpuCTarget(Target):
             openmp=openmp, pin_cpu=pin, timing_cpu=pin, wall_s=wall_s, consistency=consistency,
         )
         threads = int(outcome.result.get("omp_threads") or 1) if openmp else 1
-        return Measurement(outcome=outcome, baseline_key=base_key, threads=threads, pinned_cpu=pin)
+        code = _kernel_code(libraries["candidate"]) if "baseline" in libraries else None
+        same = code is not None and code == _kernel_code(libraries["baseline"])
+        return Measurement(outcome=outcome, baseline_key=base_key, threads=threads, pinned_cpu=pin,
+                           cpus_given=1 if pin is not None else len(_allowed_cpus()), same_code_as_baseline=same)
 
     def deterministic_costs(self, task: Task, build_hash: str, case: PreparedCase) -> CostCounts | str:
         if not valgrind_available():
@@ -215,6 +218,10 @@ def toolchain_binds(compiler: str) -> tuple[Path, ...]:
     if str(real).startswith("/usr/"):
         return ()
     return (real.parent.parent,)
+
+
+def _kernel_code(library: Path) -> bytes | None:
+    return function_code(library.read_bytes(), "kernel")
 
 
 def _allowed_cpus() -> set[int]:

@@ -37,6 +37,7 @@ from kope_mcp.tasks.loader import Task
 
 Status = Literal["ok", "crash", "timeout", "fork", "load_error", "unverified"]
 _TRAILER_CAP = 4 * 1024**2
+MIN_ROUNDS = 7
 _PROGRESS_CAP = 64 * 1024
 
 
@@ -150,6 +151,15 @@ def _split_result(data: bytes) -> tuple[bytes, dict[str, Any]]:
     if not isinstance(trailer, dict):
         raise TrailerError("the result trailer is not an object")
     return data[:-16 - length], trailer
+
+
+def checked_sets(result: dict[str, Any], count: int) -> list[int]:
+    """The input sets whose outputs a profile returned, in order (all of them when it does not say)."""
+    listed = result.get("checked_sets", list(range(count)))
+    if not isinstance(listed, list) or not all(isinstance(i, int) and 0 <= i < count for i in listed) \
+            or listed != sorted(set(listed)) or not listed:
+        raise TrailerError("the result does not say which input sets it checked")
+    return listed
 
 
 def _unpack_outputs(raw: bytes, task: Task, cases: list[PreparedCase], count: int) -> list[dict[str, np.ndarray]]:
@@ -307,6 +317,7 @@ class NativeRunner:
             "pid_namespace": capabilities().isolated,
             "consistency_atol": consistency[0],
             "consistency_rtol": consistency[1],
+            "min_rounds": MIN_ROUNDS,
         }
         env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1) if openmp else "1"}
         if openmp:
@@ -318,7 +329,8 @@ class NativeRunner:
         # kernel is then reported as wrong (see verdicts.profile_failure).
         if outcome.status == "ok" or (outcome.status == "unverified" and raw):
             try:
-                outcome.outputs = _unpack_outputs(raw, task, sets, len(sets))
+                checked = [sets[i] for i in checked_sets(outcome.result, len(sets))]
+                outcome.outputs = _unpack_outputs(raw, task, checked, len(checked))
             except TrailerError as exc:
                 if outcome.status == "ok":
                     outcome.status, outcome.message = "unverified", f"the harness's result is unusable: {exc}"

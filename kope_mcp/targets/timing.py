@@ -21,7 +21,13 @@ and could write anything into the pipe while it runs (the other workers are stop
   the kernel runs, so their lines are not the kernel's to write; with another process streaming memory the
   numpy reference left out 0.56-0.67 ms against 0.14-0.19 ms for the others, which refused honest kernels.
 
-The samples reported are the harness's own clock readings, once corroborated.
+When the candidate leaves out more than that, the measurement is not refused (a busy machine does it to honest
+kernels: 4.65 ms of a 142 ms batch at load 3 on 2 cores): each of its batches is charged its stamped window less
+what the trusted implementations leave out, ``claimed + max(0, left_out - least)``, which is never less than what
+it ran, and the result says so (``conservative``). A forger's short claims then buy nothing. Only a stream that
+breaks the protocol (a claim outside its stamps, a batch out of schedule) is refused.
+
+The samples reported are the harness's own clock readings, once corroborated, or the conservative charge.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ class Batch:
 class CorroboratedTimings:
     samples: dict[str, list[float]] = field(default_factory=dict)  # seconds per call, one per batch
     inner: dict[str, int] = field(default_factory=dict)
+    conservative: str = ""  # why the candidate was charged its stamped windows instead of its claims
 
 
 def parse_stamps(text: str, impls: list[str]) -> list[Batch]:
@@ -105,11 +112,11 @@ def corroborate(batches: list[Batch], order: list[str], untrusted: str = "candid
             raise TimingUnverified(f"{impl!r} changed its calls per batch during the measurement")
         claimed = float(np.median([b.claimed_s for b in mine]))
         if impl == untrusted and left_out[impl] - least > max(RELATIVE_TOLERANCE * claimed, ABSOLUTE_TOLERANCE_S):
-            raise TimingUnverified(
-                f"{impl!r}: its claims leave {left_out[impl] * 1e3:.3f} ms of the stamped batch unaccounted for "
-                f"(median), against {least * 1e3:.3f} ms for the others; median claimed batch "
-                f"{claimed * 1e3:.3f} ms"
-            )
-        result.samples[impl] = [b.claimed_s / b.calls for b in mine]
+            result.conservative = (
+                f"its claims left {left_out[impl] * 1e3:.3f} ms of the stamped batch unaccounted for (median), "
+                f"against {least * 1e3:.3f} ms for the others (median claimed batch {claimed * 1e3:.3f} ms)")
+            result.samples[impl] = [(b.claimed_s + max(0.0, b.left_out_s - least)) / b.calls for b in mine]
+        else:
+            result.samples[impl] = [b.claimed_s / b.calls for b in mine]
         result.inner[impl] = mine[0].calls
     return result

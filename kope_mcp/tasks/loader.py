@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from kope_mcp.errors import InvalidTaskError
 from kope_mcp.tasks.expr import ExpressionError
 from kope_mcp.tasks.spec import ArgSpec, CaseSpec, TaskSpec, ValueRange
+from kope_mcp.tasks.structure import place_outliers
 
 TASK_FILE = "task.toml"
 REFERENCE_FILE = "reference.py"
@@ -42,9 +43,10 @@ class Task:
         return int.from_bytes(digest[:4], "little")
 
     def make_inputs(self, sizes: dict[str, int], seed: int,
-                    ranges: dict[str, ValueRange] | None = None) -> dict[str, np.ndarray]:
+                    ranges: dict[str, ValueRange] | None = None, outliers: int = 0,
+                    outlier_magnitude: float | None = None) -> dict[str, np.ndarray]:
         """Seeded inputs for every ``in`` argument (the task's own generator when it has one); ``ranges`` (a
-        case's) replace an argument's own [low, high)."""
+        case's) replace an argument's own [low, high); ``outliers`` (a case's) are placed as structure.py says."""
         ranges = ranges or {}
         rng = np.random.default_rng(seed)
         inputs: dict[str, np.ndarray] = {}
@@ -67,8 +69,14 @@ class Task:
                 arr = rng.uniform(low, high, size=shape).astype(arg.dtype)
             else:
                 arr = rng.integers(int(low), int(high), size=shape, dtype=arg.dtype)
+            if outliers:
+                place_outliers(arr, outliers, max(abs(low), abs(high)), rng, outlier_magnitude)
             inputs[arg.name] = np.ascontiguousarray(arr)
         return inputs
+
+    def case_inputs(self, case: CaseSpec, seed: int) -> dict[str, np.ndarray]:
+        """The inputs of one run of ``case`` (its sizes, value ranges and outliers)."""
+        return self.make_inputs(case.sizes, seed, case.ranges, case.outliers, case.outlier_magnitude)
 
     def call_arguments(self, inputs: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, Any]:
         """Keyword arguments for ``reference``: every argument that is not an output."""

@@ -115,6 +115,12 @@ class CaseSpec(BaseModel):
                                           "values that break a naive formula (exp overflow, a large mean).")
     tolerance: dict[DType, Tolerance] | None = Field(None, description="This case's tolerance, when it differs "
                                                       "from the task's (a float32 sum over 16M elements).")
+    outliers: int = Field(0, ge=0, le=64, description="Float inputs of at least 1,024 elements carry this many "
+                          "outliers at random positions (see tasks/structure.py): a kernel that reads a subsample "
+                          "misses some of them and is wrong by far more than the tolerance.")
+    outlier_magnitude: float | None = Field(None, gt=0, description="Their typical magnitude (each is drawn within "
+                                            "a factor 2 of it); default: the input's range x sqrt(elements / "
+                                            "outliers), about half of a sum of squares.")
 
 
 class TaskSpec(BaseModel):

@@ -34,14 +34,27 @@ def test_honest_batches_are_corroborated_and_report_the_claims_per_call():
     assert timings.samples["candidate"] == pytest.approx([2e-3 / 3] * 7)
 
 
-def test_a_candidate_that_claims_to_have_run_shorter_than_it_did_is_refused():
-    with pytest.raises(TimingUnverified, match="'candidate': its claims leave"):
-        corroborate(parse_stamps(stamps(claim_less_ns=400_000), ORDER), ORDER)
+def test_a_candidate_that_claims_to_have_run_shorter_than_it_did_is_charged_what_it_ran():
+    timings = corroborate(parse_stamps(stamps(claim_less_ns=400_000), ORDER), ORDER)
+    assert "its claims left" in timings.conservative
+    # Its stamped window less what the honest ones leave out: the 2 ms it ran, not the 1.6 ms it claimed.
+    assert timings.samples["candidate"] == pytest.approx([2e-3 / 3] * 7)
+    assert timings.samples["baseline"] == pytest.approx([10e-3 / 3] * 7)
+
+
+def test_an_honest_candidate_on_a_busy_machine_is_measured_conservatively_not_refused():
+    # Seen at load 3 on 2 cores: the candidate's batches left out 4.65 ms of 142 ms against 0.1 ms for the others.
+    busy = stamps(left_out_ns={"candidate": 4_000_000})
+    timings = corroborate(parse_stamps(busy, ORDER), ORDER)
+    assert timings.conservative
+    charged = timings.samples["candidate"][0] * 3
+    assert 2e-3 < charged <= 2e-3 + 4e-3  # never less than it ran, at most its whole stamped window
 
 
 def test_a_forgery_within_the_tolerance_gains_at_most_the_tolerance():
-    # 0.2 ms on a 2 ms batch: under the 0.25 ms floor, so accepted; that is the most a forger can gain.
-    corroborate(parse_stamps(stamps(claim_less_ns=200_000), ORDER), ORDER)
+    # 0.2 ms on a 2 ms batch: under the 0.25 ms floor, so its claims stand; that is the most a forger can gain.
+    timings = corroborate(parse_stamps(stamps(claim_less_ns=200_000), ORDER), ORDER)
+    assert not timings.conservative
 
 
 def test_a_trusted_implementation_that_leaves_more_out_on_a_busy_machine_is_not_a_forgery():
@@ -53,8 +66,9 @@ def test_a_trusted_implementation_that_leaves_more_out_on_a_busy_machine_is_not_
 
 def test_the_candidate_is_still_held_to_the_least_left_out_when_a_trusted_one_leaves_more():
     forged = stamps(left_out_ns={"reference": 650_000, "baseline": 150_000}, claim_less_ns=600_000)
-    with pytest.raises(TimingUnverified, match="candidate"):
-        corroborate(parse_stamps(forged, ORDER), ORDER)
+    timings = corroborate(parse_stamps(forged, ORDER), ORDER)
+    assert timings.conservative
+    assert timings.samples["candidate"][0] * 3 >= 2e-3
 
 
 def test_a_claim_outside_its_stamped_interval_breaks_the_protocol():

@@ -1,0 +1,64 @@
+"""The input sets a profile times: drawn fresh for every profile from a secret seed, as many as memory and the
+reference's time allow, each with its reference outputs.
+
+Why so many, and why fresh: a kernel that keeps results keyed by the content of its inputs replays them whenever
+an input set comes round again (with the two fixed sets of old it measured 196-321x on matmul, and 3-6x when
+throttled to recompute a third of the rows). The harness times each set at most once while the pool lasts (see
+harness_profile.SetStream), so such a cache has nothing to replay; where the sets are too large to draw more than
+a few (16M-element reductions), every repeated call is checked against the first result on its set. The seed is
+drawn per profile and never published, so no expected output can be learnt from one profile (a failure message
+shows an expected value) and used in the next.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kope_mcp.targets.native_runner import PreparedCase
+from kope_mcp.tasks.loader import Task
+
+#: Inputs and outputs of all sets together, in each implementation's memory.
+POOL_BYTES = 64 * 1024**2
+MIN_SETS, MAX_SETS = 2, 64
+#: The reference's time for all sets (it runs in the server before the measurement).
+REFERENCE_BUDGET_S = 1.5
+
+
+@dataclass(frozen=True)
+class ProfileInputs:
+    sets: list[PreparedCase]
+    expected: list[list[np.ndarray]]
+    reference_seconds: float
+
+
+def set_bytes(task: Task, inputs: dict[str, np.ndarray]) -> int:
+    sizes = task.spec.profile.sizes
+    outputs = sum(int(np.prod(task.spec.shape_of(a, sizes))) * np.dtype(a.dtype).itemsize for a in task.outputs())
+    return sum(a.nbytes for a in inputs.values()) + outputs
+
+
+def pool_size(one_set_bytes: int, reference_s: float) -> int:
+    by_memory = POOL_BYTES // max(1, one_set_bytes)
+    by_time = int(REFERENCE_BUDGET_S / max(reference_s, 1e-6))
+    return max(MIN_SETS, min(MAX_SETS, by_memory, by_time))
+
+
+def draw_profile_inputs(task: Task) -> ProfileInputs:
+    profile = task.spec.profile
+    seed = secrets.randbits(63)
+    sets: list[PreparedCase] = []
+    expected: list[list[np.ndarray]] = []
+    start = time.perf_counter()
+    count = MIN_SETS
+    while len(sets) < count:
+        inputs = task.case_inputs(profile, seed + len(sets))
+        t0 = time.perf_counter()
+        expected.append(task.run_reference(inputs, profile.sizes))
+        if not sets:
+            count = pool_size(set_bytes(task, inputs), time.perf_counter() - t0)
+        sets.append(PreparedCase(f"{profile.name}#{len(sets)}", profile.sizes, inputs))
+    return ProfileInputs(sets, expected, time.perf_counter() - start)
