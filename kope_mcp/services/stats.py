@@ -38,3 +38,12 @@ def paired_speedup(slow: list[float], fast: list[float]) -> tuple[float, tuple[f
     """Median and CI of per-round ratios slow/fast: rounds are interleaved, so drift cancels within a pair."""
     ratios = np.asarray(slow, dtype=np.float64) / np.asarray(fast, dtype=np.float64)
     return float(np.median(ratios)), median_ci95(ratios)
+
+
+def ratio_spread(slow: list[float], fast: list[float]) -> float:
+    """The relative IQR of the per-round ratios slow/fast (inf when there are none)."""
+    ratios = np.asarray(slow, dtype=np.float64) / np.asarray(fast, dtype=np.float64)
+    if not ratios.size:
+        return math.inf
+    q1, median, q3 = np.percentile(ratios, [25, 50, 75])
+    return float((q3 - q1) / median) if median > 0 else math.inf

@@ -3,8 +3,6 @@ that make a result suspect, and the warnings a report carries. Pure functions ov
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from kope_mcp.hardware import HardwareProfile, last_level_cache_bytes, peak_gflops, streaming_bandwidth_gbps
@@ -15,8 +13,10 @@ from kope_mcp.tasks.loader import Task
 
 SEEDS_PER_CASE = 2
 NOISY_RELATIVE_IQR = 0.05
-# A speedup's 95% CI wider than this fraction of the speedup is a noisy verdict: kept, never taught.
-NOISY_CI_WIDTH = 0.15
+# Per-round speedups (baseline/kernel of one round) whose interquartile range exceeds this fraction of their
+# median make a noisy verdict: kept, never taught. Not the CI's width: with the 7 rounds a short profile gets, the
+# CI of the median is the whole range of the rounds, and one preempted round would make every such result noisy.
+NOISY_RATIO_IQR = 0.25
 IMPLAUSIBLE_SPEEDUP = 10.0
 # Above the fastest stream measured here, x threads, x this: the kernel skipped work. Not tighter: on a shared
 # machine the probe and the kernel run at different moments (single-thread streams varied 19-31 GB/s within
@@ -121,13 +121,13 @@ def beyond_memory_roof(nbytes: int, median: float, threads: int,
     return achieved, streamed
 
 
-def noise_reasons(speedup: float, ci: tuple[float, float], conservative: str) -> list[str]:
-    """Why a measurement is too imprecise to teach ([] for a clean one)."""
+def noise_reasons(ratio_riqr: float, conservative: str) -> list[str]:
+    """Why a measurement is too imprecise to teach ([] for a clean one). ``ratio_riqr``: the relative IQR of the
+    per-round speedups."""
     reasons = []
-    width = (ci[1] - ci[0]) / speedup if speedup > 0 else math.inf
-    if width > NOISY_CI_WIDTH:
-        reasons.append(f"the speedup's 95% CI [{ci[0]:.3f}, {ci[1]:.3f}] spans {width:.0%} of the speedup (more than "
-                       f"{NOISY_CI_WIDTH:.0%}): other work on this machine made the samples vary")
+    if not ratio_riqr <= NOISY_RATIO_IQR:
+        reasons.append(f"the per-round speedups vary by {ratio_riqr:.0%} (interquartile range over median, more than "
+                       f"{NOISY_RATIO_IQR:.0%}): other work on this machine made the samples vary")
     if conservative:
         reasons.append(f"the machine was too busy to corroborate the kernel's own clock ({conservative}): it was "
                        "charged the trusted timekeeper's windows instead, which can only make it look slower")

@@ -46,7 +46,7 @@ from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch,
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.services.profile_inputs import draw_profile_inputs
-from kope_mcp.services.stats import paired_speedup, summarize
+from kope_mcp.services.stats import paired_speedup, ratio_spread, summarize
 from kope_mcp.services.verdicts import (
     SEEDS_PER_CASE,
     measured_threads,
@@ -407,7 +407,7 @@ class Workbench:
         warnings = profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
                                      nbytes, median, threads, roofline, naive_baseline=base_key == "baseline")
         reasons = thread_reasons + suspect_reasons(speedup_ci, flops, nbytes, median, threads, roofline)
-        noise = noise_reasons(speedup, speedup_ci, outcome.timings.conservative)
+        noise = noise_reasons(ratio_spread(samples[base_key], samples["candidate"]), outcome.timings.conservative)
         warnings += sandbox_warnings + measured.warnings
         if isinstance(costs, str):
             warnings.append(f"no deterministic counts: {costs}")

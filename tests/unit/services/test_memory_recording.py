@@ -34,8 +34,10 @@ def test_step_ratio_label_and_downstream_follow_the_measurements(workbench, sess
     naive, fast = store.attempt(session["naive"]), store.attempt(session["fast"])
     assert naive.step_ratio == pytest.approx(naive.speedup)  # a root is measured against the naive baseline
     assert fast.step_ratio == pytest.approx(fast.speedup / naive.speedup)
-    assert fast.label == label_for(True, True, fast.step_ratio)
-    assert naive.label == label_for(True, True, naive.step_ratio)
+    # Labels come from the interval: the speedup's CI over the predecessor's speedup.
+    fast_interval = (fast.speedup_ci_low / naive.speedup, fast.speedup_ci_high / naive.speedup)
+    assert fast.label == label_for(True, True, fast.step_ratio, fast_interval)
+    assert naive.label == label_for(True, True, naive.step_ratio, (naive.speedup_ci_low, naive.speedup_ci_high))
     children = store.successors(session["naive"])
     assert naive.downstream == pytest.approx(0.5 * naive.step_ratio + 0.35 * sum(c.downstream for c in children))
 

@@ -68,7 +68,7 @@ def test_the_candidate_is_still_held_to_the_least_left_out_when_a_trusted_one_le
     forged = stamps(left_out_ns={"reference": 650_000, "baseline": 150_000}, claim_less_ns=600_000)
     timings = corroborate(parse_stamps(forged, ORDER), ORDER)
     assert timings.conservative
-    assert timings.samples["candidate"][0] * 3 >= 2e-3
+    assert timings.samples["candidate"][0] * 3 >= 2e-3 - 0.1e-3  # less only by what the baseline left out beyond it
 
 
 def test_a_claim_outside_its_stamped_interval_breaks_the_protocol():
