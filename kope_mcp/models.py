@@ -54,6 +54,12 @@ class TaskDetail(BaseModel):
     cases: list[CaseInfo] = Field(description="Correctness cases run by run_tests (each with 2 input seeds).")
     profile_case: CaseInfo = Field(description="The size profile_kernel measures.")
     tolerance: list[ToleranceInfo]
+    profile_tolerance: list[ToleranceInfo] = Field(default_factory=list, description="The tolerance outputs are "
+                                                   "checked at, at the profiling size and in the case run_tests "
+                                                   "draws near it (wider than `tolerance` only where float32 "
+                                                   "rounding over millions of elements needs it).")
+    profile_inputs: str = Field("", description="How the inputs at the profiling size are drawn, where it matters "
+                                "to a kernel (outliers at random positions).")
     flops: str = Field(description="FLOP count per call as an expression over the sizes.")
     bytes: str = Field(description="Minimum bytes moved per call, as an expression over the sizes.")
     reference_source: str = Field(description="The reference (ground truth) in Python.")

@@ -31,7 +31,9 @@ ATTEMPT_COLUMNS_V2: dict[str, tuple[str, str]] = {"suspect": ("BOOLEAN", "false"
 ATTEMPT_RENAMED_V3 = {"backend": "target"}
 ATTEMPT_DROPPED_V3 = ("uses_openmp",)
 # Migration 4: labels come from the speedup's interval, and a noisy measurement is kept apart from a clean one.
-ATTEMPT_COLUMNS_V4: dict[str, tuple[str, str]] = {"speedup_ci_high": ("DOUBLE", "NULL"),
+# No `DEFAULT NULL`: kuzu 0.11.3 writes it to the WAL untyped, and a home killed before its next checkpoint then
+# never opened again ("Trying to a create a vector with ANY type"); a column added without a default is null.
+ATTEMPT_COLUMNS_V4: dict[str, tuple[str, str]] = {"speedup_ci_high": ("DOUBLE", ""),
                                                   "noisy": ("BOOLEAN", "false"), "noise_reason": ("STRING", "''")}
 ATTEMPT_COLUMNS: dict[str, str] = {
     ATTEMPT_RENAMED_V3.get(k, k): t for k, t in ATTEMPT_COLUMNS_V1.items() if k not in ATTEMPT_DROPPED_V3

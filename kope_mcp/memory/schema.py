@@ -57,6 +57,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "MATCH (x:Lesson)-[:FROM_ATTEMPT]->(a:Attempt) SET x.target = a.target",
     ]),
     (4, "verdicts from the interval", [
-        f"ALTER TABLE Attempt ADD {name} {typ} DEFAULT {default}" for name, (typ, default) in ATTEMPT_COLUMNS_V4.items()
+        f"ALTER TABLE Attempt ADD {name} {typ}" + (f" DEFAULT {default}" if default else "")
+        for name, (typ, default) in ATTEMPT_COLUMNS_V4.items()
     ]),
 ]

@@ -51,6 +51,12 @@ def describe_task(workbench: Workbench, task_id: str) -> TaskDetail:
         cases=[CaseInfo(name=c.name, sizes=c.sizes) for c in spec.cases],
         profile_case=CaseInfo(name=spec.profile.name, sizes=spec.profile.sizes),
         tolerance=[ToleranceInfo(dtype=d, atol=t.atol, rtol=t.rtol) for d, t in spec.tolerance.items()],
+        profile_tolerance=[ToleranceInfo(dtype=d, atol=t.atol, rtol=t.rtol)
+                           for d, t in spec.tolerance_for(spec.profile).items()],
+        profile_inputs=(f"fresh random inputs each profile; float inputs of 1,024+ elements carry "
+                        f"{spec.profile.outliers} outliers of large magnitude at random positions (every element "
+                        "counts: a subsample misses them)" if spec.profile.outliers else
+                        "fresh random inputs each profile, as in the cases"),
         flops=str(spec.flops),
         bytes=str(spec.bytes),
         reference_source=task.reference_source,

@@ -50,6 +50,7 @@ class Task:
         ranges = ranges or {}
         rng = np.random.default_rng(seed)
         inputs: dict[str, np.ndarray] = {}
+        placed = False
         if self.generate_fn is not None:
             inputs = {k: np.ascontiguousarray(v) for k, v in self.generate_fn(rng, **sizes).items()}
         for arg in self.spec.args:
@@ -69,8 +70,9 @@ class Task:
                 arr = rng.uniform(low, high, size=shape).astype(arg.dtype)
             else:
                 arr = rng.integers(int(low), int(high), size=shape, dtype=arg.dtype)
-            if outliers:
-                place_outliers(arr, outliers, max(abs(low), abs(high)), rng, outlier_magnitude)
+            if outliers and not placed and arr.dtype.kind == "f":
+                # In the first float input only: outliers in two inputs could cancel in a difference.
+                placed = place_outliers(arr, outliers, max(abs(low), abs(high)), rng, outlier_magnitude)
             inputs[arg.name] = np.ascontiguousarray(arr)
         return inputs
 
