@@ -22,6 +22,7 @@ import mmap
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,38 @@ class ForkedError(Exception):
     pass
 
 
+class TamperedError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """What decides how fast a process runs beside others: policy, nice value, CPU mask (every thread)."""
+
+    policy: int
+    nice: int
+    cpus: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, pid: int) -> Scheduling:
+        try:
+            threads = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            threads = [pid]
+        masks = []
+        for tid in threads:
+            with contextlib.suppress(OSError):
+                masks.append(tuple(sorted(os.sched_getaffinity(tid))))
+        try:
+            return cls(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid), tuple(masks))
+        except OSError:
+            return cls(-1, 0, tuple(masks))
+
+    def describe(self) -> str:
+        cpus = sorted({c for mask in self.cpus for c in mask})
+        return f"policy {self.policy}, nice {self.nice}, CPUs {cpus}"
+
+
 def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[InputSet], timing: Channel,
            commands: int, replies: int) -> None:
     """A worker's life: load its implementation, then time samples on command. Never returns."""
@@ -302,6 +335,19 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     streams = {name: SetStream(len(sets), np.random.default_rng(int.from_bytes(os.urandom(16), "little")))
                for name in names}
     usage = CpuUsage(workers["candidate"].pid, cpu)
+    # The trusted workers' scheduling as the coordinator set it up: a candidate runs as the same identity and could
+    # renice, re-pin or demote them (SCHED_IDLE made an unchanged kernel 1.65x -> 4.19x). Checked after every
+    # candidate sample and at the end; any change ends the measurement.
+    guarded = {name: Scheduling.of(w.pid) for name, w in workers.items() if name != "candidate"}
+    guarded["coordinator"] = Scheduling.of(os.getpid())
+    pids = {**{name: w.pid for name, w in workers.items()}, "coordinator": os.getpid()}
+
+    def check_neighbours() -> None:
+        for name, before in guarded.items():
+            now = Scheduling.of(pids[name])
+            if now != before:
+                raise TamperedError(f"the {name}'s scheduling changed while the candidate ran ({before.describe()} "
+                                    f"-> {now.describe()})")
 
     def sample(name: str, n: int) -> float:
         worker = workers[name]
@@ -318,6 +364,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             raise WorkerDied(worker)
         if name == "candidate":
             usage.after((int(reply[2]) - int(reply[1])) / 1e9)
+            check_neighbours()
             for j, (index, outputs) in enumerate(zip(chosen, candidate.read(n), strict=True)):
                 checks.check(index, outputs, j)
         return (int(reply[2]) - int(reply[1])) / 1e9 / n
@@ -359,6 +406,9 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     except ForkedError:
         _end(workers)
         return {"fatal": "fork", "case": sets[0].name}
+    except TamperedError as exc:
+        _end(workers)
+        return {"fatal": "tampered", "message": f"{exc}: a kernel must not touch other processes"}
     except WorkerDied as died:
         _end(workers)
         return {"fatal": "crash",

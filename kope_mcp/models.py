@@ -10,7 +10,8 @@ from kope_mcp.hardware import HardwareProfile
 
 FailureKind = Literal["not_compiled", "crash", "timeout", "mismatch", "nan", "input_modified", "wrong_shape",
                       "load_error", "out_of_bounds_write"]
-ProfileFailure = Literal["wrong_at_profile_size", "crash_at_profile_size", "load_error", "timing_unverified"]
+ProfileFailure = Literal["wrong_at_profile_size", "crash_at_profile_size", "load_error", "timing_unverified",
+                         "interfered"]
 
 
 class TaskList(BaseModel):
@@ -180,6 +181,8 @@ class ProfileReport(BaseModel):
     failure: ProfileFailure | None = Field(None, description="Null for a measurement. wrong_at_profile_size: outputs "
                                            "of timed calls did not match the reference (or one call did not "
                                            "reproduce another on the same inputs); crash_at_profile_size; "
+                                           "interfered: the kernel changed the scheduling of a process it is "
+                                           "compared with (priority, policy, CPU mask); "
                                            "load_error; timing_unverified: the harness's timings disagreed with "
                                            "the trusted timekeeper. A failure carries no speedup.")
     message: str = Field("", description="What failed, when `failure` is set.")

@@ -33,6 +33,8 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
     sizes = sets[0].sizes
     if outcome.status == "load_error":
         return "load_error", outcome.message
+    if outcome.status == "tampered":
+        return "interfered", outcome.message
     if outcome.status not in ("ok", "unverified"):
         return "crash_at_profile_size", f"at the profiling size {sizes}: {outcome.message}"
     if outcome.result.get("inconsistent_calls"):

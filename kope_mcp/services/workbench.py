@@ -386,6 +386,9 @@ class Workbench:
                            "the trusted stamps, or batches out of schedule): a kernel must not write to descriptors "
                            "it did not open or patch the harness; remove that and profile again"
                            if failure == "timing_unverified" else
+                           "the kernel changed how a process it is compared with is scheduled: a kernel must only "
+                           "compute its outputs; remove the system calls that touch other processes and recompile"
+                           if failure == "interfered" else
                            "the kernel is wrong or crashes at the profiling size although it passed the small "
                            "cases: make it correct for every size (no special cases by size or by pointer), "
                            "recompile and test again"),

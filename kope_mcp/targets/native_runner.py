@@ -35,7 +35,7 @@ from kope_mcp.sandbox import (
 from kope_mcp.targets.timing import CorroboratedTimings, TimingUnverified, corroborate, parse_stamps
 from kope_mcp.tasks.loader import Task
 
-Status = Literal["ok", "crash", "timeout", "fork", "load_error", "unverified"]
+Status = Literal["ok", "crash", "timeout", "fork", "load_error", "unverified", "tampered"]
 _TRAILER_CAP = 4 * 1024**2
 MIN_ROUNDS = 7
 _PROGRESS_CAP = 64 * 1024
@@ -282,6 +282,9 @@ class NativeRunner:
             outcome.status = "crash"
             outcome.message = str(outcome.result.get("message"))[:800]
             outcome.failed_case = str(outcome.result["case"]) if outcome.result.get("case") else None
+        elif fatal == "tampered":
+            outcome.status = "tampered"
+            outcome.message = str(outcome.result.get("message"))[:800]
         elif fatal == "load_error":
             outcome.status = "load_error"
             outcome.message = f"the kernel library cannot be loaded: {str(outcome.result.get('message'))[:800]}"
