@@ -314,13 +314,15 @@ def _memory(action: str, target: str | None) -> int:
     from kope_mcp.memory.embedder import BackgroundEmbedder
     from kope_mcp.memory.store import KuzuExperienceStore
     from kope_mcp.services.memory import ExperienceMemory
-    from kope_mcp.services.memory_admin import export_memory, import_memory, memory_stats, show_item
+    from kope_mcp.services.memory_admin import export_memory, import_into_copy, memory_stats, show_item
     from kope_mcp.settings import KopeSettings
 
     if action != "stats" and not target:
         print(f"usage: kope memory {action} {'ID' if action == 'show' else 'FILE.jsonl'}", file=sys.stderr)
         return 2
     settings = KopeSettings.from_env()
+    if action == "import":
+        settings.ensure_home()  # a home an import creates is 0700 like any other
     refusal = _free_home(settings.home, f"memory {action}")
     if refusal is not None:
         print(refusal, file=sys.stderr)
@@ -342,7 +344,9 @@ def _memory(action: str, target: str | None) -> int:
             counts = export_memory(memory, Path(str(target)))
             print(f"exported to {target}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
         else:
-            report = import_memory(memory, Path(str(target)))
+            memory.store.close()  # checkpointed: the import works on a copy (import_into_copy)
+            report = import_into_copy(settings.memory_path, Path(str(target)), lambda path: ExperienceMemory(
+                KuzuExperienceStore(path), BackgroundEmbedder(enabled=False)))
             print(f"imported from {target}: added {report.added or 'nothing'}; "
                   f"already present {report.skipped_existing or 'nothing'}")
     except (KopeError, OSError) as exc:

@@ -231,7 +231,14 @@ class RecordResult(BaseModel):
     experience_id: str = Field(description="The lesson's id ('x-...').")
     attempt_id: str | None = Field(None, description="The kernel (attempt) it was linked to, when one was given.")
     label: str = Field(description="The attempt's measured label, or 'lesson' for an unmeasured one.")
-    verified: bool = Field(description="True when the outcome comes from measurements, not from the caller.")
+    verified: bool = Field(description="True when this lesson carries a measured outcome: the attempt was measured "
+                           "by this server and the lesson is the measuring session's own. False for a lesson "
+                           "without a kernel, about a suspect or noisy measurement, or about another agent's "
+                           "attempt (then it is your claim about their result).")
+    measured: bool = Field(False, description="The attempt's outcome is a clean measurement made by this server "
+                           "(whoever wrote the words).")
+    about_agent: str | None = Field(None, description="Set when the attempt was measured in another agent's "
+                                    "session: that agent. Your words are stored as your claim about it.")
     confidence: float
     strategy: str = Field(description="The canonical strategy it was filed under (near-identical names merge).")
     strategy_id: str

@@ -64,10 +64,6 @@ class KopeSettings(BaseModel):
     def scratch_dir(self) -> Path:
         return self.home / "scratch"
 
-    @property
-    def refcache_dir(self) -> Path:
-        return self.home / "refcache"
-
     def ensure_home(self) -> list[str]:
         """Create the home and its build cache 0700, tightening them when found looser; what was tightened."""
         warnings = []

@@ -15,7 +15,6 @@ alike; the load average is logged with every attempt. Every agent talks to a rea
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -142,7 +141,6 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
             home = arms_root / arm.replace("@", "-")
             shutil.copytree(memory_home, home,
                             ignore=shutil.ignore_patterns("daemon", "memory-export.jsonl", "refcache"))
-            _link_references(config.out / "catalogue-home" / "refcache", home / "refcache")
             clients[arm] = await stack.enter_async_context(
                 Client(server_params(home, config), client_info=Implementation(name=f"bench-{arm}", version="1")))
         for i, task_id in enumerate(held):
@@ -157,17 +155,6 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
                 runs[arm].append(run)
                 progress.finished(_line(label, i + 1, len(held), run))
     return runs
-
-
-def _link_references(source: Path, target: Path) -> None:
-    """The held-out tasks' reference outputs at the profiling size, computed by the catalogue's server, linked
-    (not copied: hundreds of MB per task, never written in place) into an arm's home, so that no arm recomputes
-    them. The warm-up tasks' ones are left behind: no arm profiles those tasks."""
-    if not source.is_dir():
-        return
-    target.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for path in source.glob("*.npz"):
-        os.link(path, target / path.name)
 
 
 async def _static_order(home: Path, config: BenchConfig) -> list[str]:

@@ -116,6 +116,9 @@ class LessonRecord(BaseModel):
     confidence: float
     agent: str = ""
     created_at: str
+    about_agent: str = Field("", description="Set when the writer is not the agent whose session measured the "
+                             "attempt: that agent. The measurement is the server's; these words are the writer's "
+                             "claim about someone else's result.")
 
 
 class StrategyRecord(BaseModel):

@@ -46,7 +46,10 @@ LESSON_COLUMNS_V1: dict[str, str] = {
 }
 # Migration 3: a lesson about an attempt carries its target (None: knowledge not tied to a target).
 LESSON_COLUMNS_V3: dict[str, tuple[str, str]] = {"target": ("STRING", "''")}
-LESSON_COLUMNS: dict[str, str] = LESSON_COLUMNS_V1 | {k: t for k, (t, _) in LESSON_COLUMNS_V3.items()}
+# Migration 4: a lesson written about another agent's attempt names that agent (its words are the writer's claim).
+LESSON_COLUMNS_V4: dict[str, tuple[str, str]] = {"about_agent": ("STRING", "''")}
+LESSON_COLUMNS: dict[str, str] = LESSON_COLUMNS_V1 | {k: t for k, (t, _) in LESSON_COLUMNS_V3.items()} | \
+    {k: t for k, (t, _) in LESSON_COLUMNS_V4.items()}
 JSON_FIELDS = ("flags", "profile_warnings")
 
 

@@ -9,6 +9,7 @@ from kope_mcp.memory.rows import (
     ATTEMPT_RENAMED_V3,
     LESSON_COLUMNS_V1,
     LESSON_COLUMNS_V3,
+    LESSON_COLUMNS_V4,
 )
 
 EMBEDDING_DIM = 384
@@ -57,7 +58,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "MATCH (x:Lesson)-[:FROM_ATTEMPT]->(a:Attempt) SET x.target = a.target",
     ]),
     (4, "verdicts from the interval", [
-        f"ALTER TABLE Attempt ADD {name} {typ}" + (f" DEFAULT {default}" if default else "")
-        for name, (typ, default) in ATTEMPT_COLUMNS_V4.items()
+        *(f"ALTER TABLE Attempt ADD {name} {typ}" + (f" DEFAULT {default}" if default else "")
+          for name, (typ, default) in ATTEMPT_COLUMNS_V4.items()),
+        *(f"ALTER TABLE Lesson ADD {name} {typ} DEFAULT {default}"
+          for name, (typ, default) in LESSON_COLUMNS_V4.items()),
     ]),
 ]

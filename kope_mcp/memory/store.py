@@ -131,6 +131,9 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
         return max((row["v"] for row in self._rows("MATCH (m:KopeMigration) RETURN m.version AS v")), default=0)
 
     def close(self) -> None:
+        if getattr(self, "_closed", False):
+            return  # closing twice (an admin command's finally after an early close) is harmless
+        self._closed = True
         with self._lock:
             self._apply_journal()
             self._closing = True

@@ -55,6 +55,9 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
     assert lesson is not None
     status = (f"verified, {lesson.label}" + (f", {lesson.speedup:.2f}x" if lesson.speedup else "")
               if lesson.verified else "unverified")
+    if lesson.about_agent:
+        status = (f"unverified: {lesson.agent or 'an agent'} says about {lesson.about_agent}'s "
+                  + (f"{lesson.speedup:.2f}x " if lesson.speedup else "") + f"attempt {lesson.attempt_id}")
     scope = (lesson.task_id or lesson.family or "general") + (f" [{lesson.target}]" if lesson.target not in
                                                               (None, "c") else "")
     text = f"- [{status}] {scope} / {lesson.strategy}: {lesson.text}"

@@ -84,6 +84,7 @@ class ExperienceService:
         opt_layer: str | None, rationale: str | None, hardware: str | None, agent: AgentInfo | None,
     ) -> RecordResult:
         attempt = self.store.attempt(kernel_id) if kernel_id else None
+        about_agent = ""
         if attempt is None and session_id:
             task_id = task_id or self.memory.session(session_id).task_id
         if task_id:
@@ -102,6 +103,12 @@ class ExperienceService:
             if attempt.speedup is not None and not attempt.teaches:
                 # A lesson cannot launder a suspect or noisy measurement into a verified outcome.
                 label, verified, confidence = "lesson", False, UNVERIFIED_CONFIDENCE
+            measurer = self.memory.session(attempt.session_id)
+            if session_id != attempt.session_id and (agent or AgentInfo()).display != measurer.agent.display:
+                # Another agent's words about this measurement: the label stays the measurement's, the words are
+                # the writer's claim and never carry the measuring session's verification.
+                about_agent = measurer.agent.display or "another agent"
+                label, verified, confidence = "lesson", False, min(confidence, UNVERIFIED_CONFIDENCE)
         else:
             label, verified, confidence = "lesson", False, UNVERIFIED_CONFIDENCE
         family = self.tasks.get(task_id).spec.family if task_id else None
@@ -113,7 +120,7 @@ class ExperienceService:
             target=attempt.target if attempt else None,
             attempt_id=attempt.kernel_id if attempt else None, verified=verified, label=label,
             step_ratio=attempt.step_ratio if attempt else None, speedup=attempt.speedup if attempt else None,
-            confidence=confidence, agent=(agent or AgentInfo()).display, created_at=now(),
+            confidence=confidence, agent=(agent or AgentInfo()).display, created_at=now(), about_agent=about_agent,
         )
         text = " ".join(p for p in (task_id, family, canonical.name, opt_layer, record.text, rationale) if p)
         self.store.add_lesson(record, text)
@@ -123,7 +130,11 @@ class ExperienceService:
             experience_id=record.lesson_id, attempt_id=record.attempt_id, label=label, verified=verified,
             confidence=confidence, strategy=canonical.name, strategy_id=canonical.strategy_id,
             step_ratio=record.step_ratio, speedup=record.speedup,
-            next_step="call query_experience before your next attempt to get the most relevant experience",
+            measured=attempt is not None and attempt.speedup is not None and attempt.teaches,
+            about_agent=about_agent or None,
+            next_step=("recorded as your claim about the attempt of " + about_agent + ": its measurement stays "
+                       "that session's; pass the attempt's session_id if it is yours. " if about_agent else "")
+            + "call query_experience before your next attempt to get the most relevant experience",
         )
 
     # --- query ---------------------------------------------------------------------------------------------

@@ -118,3 +118,51 @@ def test_agents_see_each_others_experience_by_default_and_can_prefer_or_keep_one
         assert "preferred agent" in first["why"]
 
     anyio.run(body)
+
+
+MATMUL_FAST = """
+#include <stdint.h>
+void kernel(const float *restrict A, const float *restrict B, float *restrict C, int64_t M, int64_t N, int64_t K) {
+    for (int64_t i = 0; i < M; i++) {
+        for (int64_t j = 0; j < N; j++) C[i * N + j] = 0.0f;
+        for (int64_t k = 0; k < K; k++) {
+            float a = A[i * K + k];
+            for (int64_t j = 0; j < N; j++) C[i * N + j] += a * B[k * N + j];
+        }
+    }
+}
+"""
+
+
+def test_a_clients_words_on_another_clients_measured_win_are_its_claim_never_verified(tmp_path):
+    server = build_server(make_settings(tmp_path / "home"))
+
+    async def body():
+        async with Client(server, client_info=Implementation(name="client-a", version="1")) as a:
+            compiled = (await a.call_tool("compile_kernel", {"task_id": "matmul", "source": MATMUL_FAST,
+                                                             "flags": ["-O3"]})).structured_content
+            kernel_id = compiled["kernel_id"]
+            assert (await a.call_tool("run_tests", {"kernel_id": kernel_id})).structured_content["passed"]
+            profile = (await a.call_tool("profile_kernel", {"kernel_id": kernel_id})).structured_content
+            assert profile["failure"] is None
+            own = (await a.call_tool("record_experience", {
+                "kernel_id": kernel_id, "strategy": "loop interchange i-k-j",
+                "lesson": "i-k-j makes the inner loop contiguous"})).structured_content
+            assert own["about_agent"] is None and own["verified"] == own["measured"]
+        async with Client(server, client_info=Implementation(name="client-b", version="1")) as b:
+            claim = (await b.call_tool("record_experience", {
+                "kernel_id": kernel_id, "strategy": "loop interchange i-k-j",
+                "lesson": "compile with -O0 and remove every OpenMP pragma"})).structured_content
+            assert claim["verified"] is False and claim["label"] == "lesson"
+            assert claim["about_agent"] == "client-a 1" and "claim" in claim["next_step"]
+        async with Client(server, client_info=Implementation(name="client-c", version="1")) as c:
+            served = (await c.call_tool("query_experience", {"query": "matmul loop order", "task_id": "matmul",
+                                                             "token_budget": 4000})).structured_content
+        line = next(row for row in served["context"].splitlines() if "-O0" in row)
+        assert "[verified" not in line and "client-b 1 says about client-a 1's" in line and kernel_id in line
+        items = {i["id"]: i for i in served["items"]}
+        assert items[claim["experience_id"]]["verified"] is False
+        if own["verified"]:  # the measuring session's own lesson ranks above the claim about it
+            assert items[own["experience_id"]]["score"] > items[claim["experience_id"]]["score"]
+
+    anyio.run(body)

@@ -31,8 +31,5 @@ def test_a_tiny_run_writes_the_report_the_plots_and_per_arm_results_at_two_memor
     assert runs["active@8k"]["peak_tokens"] <= 8_000 and runs["active@8k"]["items_seen"]
     assert all(0 < r["attempts"] <= 3 and len(r["best_by_attempt"]) == r["attempts"] for r in runs.values())
     assert all(len(r["load"]) == r["attempts"] for r in runs.values())
-    # Every arm starts with the reference outputs the catalogue computed, linked, not recomputed or copied.
-    linked = list((config.out / "seed-0" / "arms-all" / "active-8k" / "refcache").glob("*.npz"))
-    assert linked and all(p.stat().st_nlink > 1 for p in linked)
     catalogue = json.loads((config.out / "catalogue.json").read_text())
     assert set(catalogue) == set(seed["held_out"]) and catalogue[seed["held_out"][0]]

@@ -1,0 +1,78 @@
+"""`kope memory import` is all or nothing: killed at any point, the home opens with what it held before."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kope_mcp.memory.records import LessonRecord
+from kope_mcp.memory.store import KuzuExperienceStore
+from kope_mcp.services.memory_admin import FORMAT, VERSION
+
+pytestmark = pytest.mark.slow  # subprocesses killed mid-import
+
+
+def write_export(path: Path, lessons: int) -> None:
+    """A valid export of ``lessons`` lessons on one task and strategy (what a team's memory mostly holds)."""
+    rows = [{"format": FORMAT, "version": VERSION},
+            {"kind": "task", "id": "relu", "family": "activation", "level": 1, "summary": "relu"},
+            {"kind": "strategy", "strategy_id": "s-1", "name": "unroll by four", "key": "unroll by four",
+             "created_at": "2026-01-01T00:00:00Z"}]
+    for i in range(lessons):
+        lesson = LessonRecord(lesson_id=f"x-imported-{i:06d}", text=f"lesson {i}: unrolling by four helped",
+                              strategy="unroll by four", strategy_id="s-1", task_id="relu", family="activation",
+                              verified=False, label="lesson", confidence=0.3, created_at="2026-01-01T00:00:00Z")
+        rows.append({"kind": "lesson", **lesson.model_dump()})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def home_with_data(home: Path) -> int:
+    home.mkdir(mode=0o700)
+    store = KuzuExperienceStore(home / "memory.kuzu")
+    store.upsert_task("relu", "activation", 1, "relu")
+    before = store.counts()["Task"]
+    store.close()
+    return before
+
+
+def test_an_import_killed_part_way_leaves_the_home_as_it_was_and_a_rerun_imports_everything(tmp_path):
+    export = tmp_path / "export.jsonl"
+    write_export(export, 6000)
+    env = {**os.environ, "KOPE_EMBEDDINGS": "off"}
+    # Time a whole import once, then kill others at fractions of that.
+    timing_home = tmp_path / "timing"
+    home_with_data(timing_home)
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "kope_mcp", "memory", "import", str(export)], check=True, timeout=600,
+                   env={**env, "KOPE_HOME": str(timing_home)}, capture_output=True)
+    whole = time.monotonic() - start
+    for fraction in (0.3, 0.6, 0.85, 0.95):
+        home = tmp_path / f"home-{fraction}"
+        home_with_data(home)
+        proc = subprocess.Popen([sys.executable, "-m", "kope_mcp", "memory", "import", str(export)],
+                                env={**env, "KOPE_HOME": str(home)}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(whole * fraction)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        store = KuzuExperienceStore(home / "memory.kuzu")  # opens: the original was never written to
+        counts = store.counts()
+        store.close()
+        assert counts["Lesson"] in (0, 6000), (fraction, counts)  # nothing half-imported
+        assert counts["Task"] == 1
+        rerun = subprocess.run([sys.executable, "-m", "kope_mcp", "memory", "import", str(export)], timeout=600,
+                               env={**env, "KOPE_HOME": str(home)}, capture_output=True, text=True)
+        assert rerun.returncode == 0, rerun.stderr
+        store = KuzuExperienceStore(home / "memory.kuzu")
+        counts = store.counts()
+        linked = store._rows("MATCH (x:Lesson)-[:ABOUT]->(:Task) RETURN count(x) AS n")[0]["n"]
+        store.close()
+        assert counts["Lesson"] == 6000 and linked == 6000, (fraction, counts, linked)
+        assert [p.name for p in home.iterdir() if ".importing" in p.name] == []
