@@ -28,6 +28,7 @@ from kope_mcp.errors import (
     UnknownBackendError,
     check_length,
 )
+from kope_mcp.hardware import keep_bounds_in
 from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.records import AgentInfo, AttemptRecord
 from kope_mcp.memory.store import KuzuExperienceStore
@@ -106,6 +107,7 @@ class Workbench:
                                                  BackgroundEmbedder(settings.embeddings))
         self.store = self.memory.store
         self.targets = targets if targets is not None else load_targets(settings)
+        keep_bounds_in(settings.home / "bounds.json")
         # Profiles never overlap: a second measurement on a 2-core machine would be the noisy neighbour.
         self._measure_lock = threading.Lock()
         self._expected_cache: dict[tuple[str, str, int], Prepared] = {}

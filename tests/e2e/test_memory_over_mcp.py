@@ -158,11 +158,17 @@ def test_a_clients_words_on_another_clients_measured_win_are_its_claim_never_ver
         async with Client(server, client_info=Implementation(name="client-c", version="1")) as c:
             served = (await c.call_tool("query_experience", {"query": "matmul loop order", "task_id": "matmul",
                                                              "token_budget": 4000})).structured_content
-        line = next(row for row in served["context"].splitlines() if "-O0" in row)
+            # Only client-b's items: whatever else selection keeps, the claim itself must read as a claim.
+            only_b = (await c.call_tool("query_experience", {
+                "query": "matmul loop order -O0", "task_id": "matmul", "token_budget": 4000, "agent": "client-b",
+                "agent_mode": "only"})).structured_content
+        assert "-O0" not in "".join(r for r in served["context"].splitlines() if "[verified" in r)
+        line = next((row for row in only_b["context"].splitlines() if "-O0" in row), only_b["context"])
         assert "[verified" not in line and "client-b 1 says about client-a 1's" in line and kernel_id in line
-        items = {i["id"]: i for i in served["items"]}
+        items = {i["id"]: i for i in [*served["items"], *only_b["items"]]}
         assert items[claim["experience_id"]]["verified"] is False
-        if own["verified"]:  # the measuring session's own lesson ranks above the claim about it
+        if own["verified"] and claim["experience_id"] in {i["id"] for i in served["items"]}:
+            # the measuring session's own lesson ranks above the claim about it
             assert items[own["experience_id"]]["score"] > items[claim["experience_id"]]["score"]
 
     anyio.run(body)

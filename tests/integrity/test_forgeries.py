@@ -21,22 +21,9 @@ from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import make_settings
+from tests.integrity.test_tricks import matmul_rows as rows
 
 pytestmark = pytest.mark.skipif(not capabilities().isolated, reason="kernels run only in the sandbox")
-
-MATMUL_ROWS = """
-    for (int64_t i = ROW0; i < ROW1; i++)
-        for (int64_t j = 0; j < N; j++) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++) acc += A[i * K + k] * B[k * N + j];
-            C[i * N + j] = acc;
-        }
-"""
-
-
-def rows(first: str, last: str) -> str:
-    return MATMUL_ROWS.replace("ROW0", first).replace("ROW1", last)
-
 
 # Results kept by a hash of the inputs' content, with room for far more sets than a profile ever drew before.
 CONTENT_CACHE = """#include <stdint.h>

@@ -47,3 +47,22 @@ def test_a_bandwidth_probed_on_a_busy_machine_is_probed_again_before_an_honest_k
 def test_a_working_set_that_fits_in_cache_is_never_bounded_by_memory_bandwidth(cpu):
     small = hardware.last_level_cache_bytes(cpu)
     assert suspect_reasons(MEASURED, 0, small, 1e-9, 1, cpu) == []
+
+
+def test_the_stream_bound_is_kept_per_machine_and_never_lowered_by_a_busy_probe(tmp_path, monkeypatch):
+    import json
+
+    bounds = tmp_path / "bounds.json"
+    monkeypatch.setattr(hardware, "_bandwidth_best_gbps", 0.0)
+    monkeypatch.setattr(hardware, "_bandwidth_file", None)
+    key = hardware.detect_hardware().key
+    bounds.write_text(json.dumps({key: {"stream_gbps": 9999.0}}))  # measured earlier, on a quiet machine
+    hardware.keep_bounds_in(bounds)
+    assert hardware.streaming_bandwidth_gbps() == 9999.0
+    assert hardware.streaming_bandwidth_gbps(again=True) == 9999.0  # a slower probe does not lower it
+    assert json.loads(bounds.read_text())[key]["stream_gbps"] == 9999.0
+    bounds.write_text(json.dumps({key: {"stream_gbps": 0.001}}))  # a bound below what this machine streams
+    monkeypatch.setattr(hardware, "_bandwidth_best_gbps", 0.0)
+    hardware.keep_bounds_in(bounds)
+    measured = hardware.streaming_bandwidth_gbps(again=True)
+    assert measured > 0.001 and json.loads(bounds.read_text())[key]["stream_gbps"] == round(measured, 3)
