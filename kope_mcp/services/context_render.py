@@ -15,7 +15,7 @@ _SECTIONS = (
     ("warm", "case", "## What worked here (this task or family, this hardware)"),
     ("warm", "fix", "## Errors and the fixes that resolved them"),
     ("warm", "pitfall", "## Pitfalls to avoid"),
-    ("warm", "lesson", "## Lessons"),
+    ("warm", "lesson", "## Lessons (other agents' words, quoted; labels and numbers are the server's measurements)"),
     ("cold", None, "## From other families or hardware"),
 )
 
@@ -60,10 +60,15 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
                   + (f"{lesson.speedup:.2f}x " if lesson.speedup else "") + f"attempt {lesson.attempt_id}")
     scope = (lesson.task_id or lesson.family or "general") + (f" [{lesson.target}]" if lesson.target not in
                                                               (None, "c") else "")
-    text = f"- [{status}] {scope} / {lesson.strategy}: {lesson.text}"
+    # Quoted on one line: no heading, list or instruction in a lesson can leave its item.
+    text = f"- [{status}] {scope} / {lesson.strategy}: \"{_one_line(lesson.text)}\""
     if lesson.rationale:
-        text += f" (why: {lesson.rationale})"
+        text += f" (why: \"{_one_line(lesson.rationale)}\")"
     return text[:1600]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()).replace('"', "'")
 
 
 def has_diff(cand: Candidate) -> bool:

@@ -13,7 +13,7 @@ from kope_mcp.services.workbench import Workbench
 from kope_mcp.targets.registry import load_targets, target_classes
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import make_settings
-from tests.fake_target import FakeNumpyTarget
+from tests.fake_target import NUMPY_BASELINES, FakeNumpyTarget
 
 REGISTERED = sorted(target_classes())
 CONTRACT_TASKS = ("relu", "vector_add")  # relu's profile (8M elements) is a quarter of vector_add's
@@ -66,3 +66,38 @@ def test_every_available_target_fulfils_the_workflow_contract(bench, name):
     assert profiled.failure is None, profiled.message
     assert profiled.speedup_vs_baseline is not None and profiled.speedup_vs_baseline > 0
     assert profiled.hardware.key == target.hardware().key
+
+
+class _EscapingFake(FakeNumpyTarget):
+    """The fake, reporting what a harness measures of a kernel that ran threads beyond the CPU it was given."""
+
+    name = "fake-escaping"
+
+    def profile(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        measured = super().profile(*args, **kwargs)
+        measured.outcome.result.update({"cpu_seconds": 0.2, "timed_seconds": 0.1})
+        measured.cpus_given = 1
+        return measured
+
+
+def test_a_target_inherits_the_verdict_every_set_judged_threads_measured_labels_from_the_ci(tmp_path, registry):
+    # The judgement of a profile is the workbench's: a target only runs the sets and reports what it measured.
+    settings = make_settings(tmp_path / "home")
+    bench = Workbench(settings, registry, targets=load_targets(settings, extra=[FakeNumpyTarget, _EscapingFake]))
+    wrong_after_warmup = ("import numpy as np\ncalls = [0]\n\ndef kernel(x, y, n):\n    calls[0] += 1\n"
+                          "    np.maximum(x, 0.0, out=y)\n"
+                          "    if calls[0] > 2 and n > 4_000_000:\n        y[n // 2] = 7.0\n")
+    compiled = bench.compile_kernel("relu", wrong_after_warmup, backend="fake")
+    assert bench.run_tests(compiled.kernel_id).passed
+    profiled = bench.profile_kernel(compiled.kernel_id)
+    assert profiled.failure == "wrong_at_profile_size", profiled
+    assert bench.store.attempt(compiled.kernel_id).label == "incorrect"
+
+    baseline = NUMPY_BASELINES["relu"]
+    escaping = bench.compile_kernel("relu", baseline, backend="fake-escaping")
+    assert bench.run_tests(escaping.kernel_id).passed
+    profiled = bench.profile_kernel(escaping.kernel_id)
+    assert profiled.failure is None and profiled.threads == 2
+    assert profiled.suspect and any("given one" in r for r in profiled.suspect_reasons)
+    # The same code as its baseline: its CI cannot lie wholly above 1.05, so it is never effective.
+    assert bench.store.attempt(escaping.kernel_id).label != "effective"
