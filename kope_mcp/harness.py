@@ -207,6 +207,8 @@ def _has_children() -> bool:
 
 
 def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel) -> dict[str, Any]:
+    if job.get("pin_cpu") is not None:
+        os.sched_setaffinity(0, {int(job["pin_cpu"])})
     sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
     kernel = _load_kernel(job["libraries"]["candidate"], job["args"])
     pid0 = os.getpid()

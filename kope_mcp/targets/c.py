@@ -161,7 +161,12 @@ class CpuCTarget(Target):
 
     # --- run -----------------------------------------------------------------------------------------------
     def run_cases(self, task: Task, build_hash: str, cases: list[PreparedCase], *, wall_s: float) -> HarnessOutcome:
-        return self.runner.run_tests(task, self.artifact(build_hash), cases, wall_s, self.uses_openmp(build_hash))
+        openmp = self.uses_openmp(build_hash)
+        # The CPU mask a profile gives it (one CPU unless OpenMP): a kernel cannot tell a test from a timed run by
+        # counting its CPUs.
+        pin = None if openmp else sorted(_allowed_cpus())[-1]
+        return self.runner.run_tests(task, self.artifact(build_hash), cases, wall_s, openmp,
+                                     job_extra={"pin_cpu": pin})
 
     def profile(self, task: Task, build_hash: str, sets: list[PreparedCase], *, with_reference: bool,
                 time_cap_s: float, consistency: tuple[float, float], wall_s: float) -> Measurement:

@@ -72,13 +72,10 @@ FORGERIES = {
                                                                  + " }"), ["-O2"]),
     "subsampled_reduction": ("mse_loss", MSE_HEAD + MSE_SIGNATURE + "    if (n < 100000) {" + MSE_EXACT
                              + "    return; }\n" + MSE_EVERY_8TH + "}\n", ["-O2"]),
-    # Exact whenever it can tell it is tested: one CPU in its mask and the first calls of a process.
+    # Exact whenever it can tell it is tested: its parent is the sandbox's init then, the profile's coordinator when
+    # timed (its CPU mask no longer tells: run_tests pins it as a profile does); cheap after its first timed calls.
     "timed_run_detection": ("mse_loss", MSE_HEAD + MSE_SIGNATURE + """
-    unsigned long mask[16] = {0};
-    syscall(SYS_sched_getaffinity, 0, sizeof mask, mask);
-    int cpus = 0;
-    for (int w = 0; w < 16; w++) cpus += __builtin_popcountl(mask[w]);
-    if (!(cpus == 1 && n >= 100000 && calls++ > 2)) {""" + MSE_EXACT + "    return; }\n" + MSE_EVERY_8TH + "}\n",
+    if (!(getppid() != 1 && n >= 100000 && calls++ > 2)) {""" + MSE_EXACT + "    return; }\n" + MSE_EVERY_8TH + "}\n",
                             ["-O2"]),
     # Raw pthreads on a CPU mask it widened itself, without -fopenmp.
     "thread_escape": ("matmul", """#include <pthread.h>

@@ -41,6 +41,9 @@ def test_an_openmp_kernel_runs_on_every_core_and_the_report_says_so(workbench):
     assert compiled.ok, compiled.log
     assert workbench.run_tests(compiled.kernel_id).passed
     report = workbench.profile_kernel(compiled.kernel_id)
-    assert report.threads == detect_hardware().cores and report.pinned_cpu is None
+    # Unpinned, and `threads` is what its timed calls kept busy: every core on a quiet machine, fewer when other
+    # work shares them (measured, not the team size it declared).
+    assert report.pinned_cpu is None and 1 <= report.threads <= detect_hardware().cores
+    assert not report.suspect_reasons or not any("given one" in r for r in report.suspect_reasons)
     if report.threads > 1:
-        assert any("OpenMP" in w for w in report.warnings)
+        assert any(f"kept {report.threads} CPUs busy" in w for w in report.warnings)
