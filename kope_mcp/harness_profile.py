@@ -403,6 +403,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             raise ForkedError("candidate")
         inputs_modified = candidate.inputs_modified()
         escaped = usage.escaped_mask()
+        untimed = usage.untimed()
     except ForkedError:
         _end(workers)
         return {"fatal": "fork", "case": sets[0].name}
@@ -431,6 +432,8 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         "cpu_seconds": round(usage.cpu_s, 6),
         "timed_seconds": round(usage.wall_s, 6),
         "cpu_mask_widened": escaped,
+        "untimed_cpu_seconds": round(untimed, 6),
+        "filled_bytes": sum(a.nbytes for s in sets for a in s.inputs.values()),
         "inner": inner,
         "rounds": rounds,
         "seconds": seconds,
@@ -486,6 +489,11 @@ class CpuUsage:
 
     def reset(self) -> None:
         self.cpu_s = self.wall_s = 0.0
+
+    def untimed(self) -> float:
+        """CPU time the candidate's process spent outside its measured batches: loading, its warm-up call, and
+        whatever its constructors or that call did besides (work done there is never timed)."""
+        return max(0.0, self._ticks() - self.cpu_s)
 
     def before(self) -> None:
         self._mark = self._ticks()

@@ -87,6 +87,26 @@ def measured_threads(result: dict[str, object], cpus_given: int, declared: int) 
     return threads, reasons
 
 
+# CPU time the candidate may spend outside its timed calls: loading (its inputs copied into its memory, at 0.5
+# GB/s with the page faults at the least), the warm-up call (a first call may be a few times slower), and a few
+# clock ticks. More is work done where it is not timed: results computed ahead in a constructor or the warm-up
+# call and replayed while timed.
+UNTIMED_SLACK_S, UNTIMED_CALLS, FILL_BYTES_PER_S = 0.15, 5, 0.5e9
+
+
+def untimed_work_reasons(result: dict[str, object], median_call_s: float, threads: int) -> list[str]:
+    untimed = result.get("untimed_cpu_seconds")
+    if not isinstance(untimed, int | float):
+        return []
+    filled = result.get("filled_bytes")
+    allowed = UNTIMED_SLACK_S + UNTIMED_CALLS * median_call_s * max(1, threads) + \
+        (filled / FILL_BYTES_PER_S if isinstance(filled, int | float) else 0.0)
+    if untimed <= allowed:
+        return []
+    return [f"the kernel's process used {untimed:.2f} s of CPU outside its timed calls (loading and the warm-up call "
+            f"allow about {allowed:.2f} s): work done where it is not timed, such as results computed ahead"]
+
+
 def suspect_reasons(speedup_ci: tuple[float, float], flops: int, nbytes: int, median: float, threads: int,
                      hardware: HardwareProfile | None) -> list[str]:
     """Integrity signals: a result that trips one is recorded but never taught as a win. ``hardware`` is the CPU

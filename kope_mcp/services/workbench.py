@@ -56,6 +56,7 @@ from kope_mcp.services.verdicts import (
     profile_warnings,
     suspect_reasons,
     test_message,
+    untimed_work_reasons,
     worst_failure,
 )
 from kope_mcp.settings import KopeSettings
@@ -411,7 +412,8 @@ class Workbench:
         roofline = target.roofline()
         warnings = profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
                                      nbytes, median, threads, roofline, naive_baseline=base_key == "baseline")
-        reasons = thread_reasons + suspect_reasons(speedup_ci, flops, nbytes, median, threads, roofline)
+        reasons = thread_reasons + untimed_work_reasons(outcome.result, median, threads) + \
+            suspect_reasons(speedup_ci, flops, nbytes, median, threads, roofline)
         noise = noise_reasons(ratio_spread(samples[base_key], samples["candidate"]), outcome.timings.conservative)
         warnings += sandbox_warnings + measured.warnings
         if isinstance(costs, str):

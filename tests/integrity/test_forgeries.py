@@ -135,6 +135,49 @@ void kernel(const float *A, const float *B, float *C, int64_t M, int64_t N, int6
 """ + rows("0", "M") + "}\n"
 FORGERIES["neighbour_demotion"] = ("matmul", NEIGHBOUR_DEMOTION, ["-O2"])
 
+# Computes every profile set's result at load time, from the input files the sandbox can read, then replays them
+# (recomputing a third of the rows, so that no rate looks implausible). Loading is never timed.
+AHEAD_OF_TIME = """#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define MAXS 256
+static float *keys[MAXS], *results[MAXS];
+static int sets;
+static void matmul(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K, int64_t upto) {
+""" + rows("0", "upto") + """
+}
+__attribute__((constructor)) static void ahead(void) {
+    const size_t n = 320 * 320;
+    for (int i = 0; i < MAXS; i++) {
+        char pa[64], pb[64];
+        snprintf(pa, sizeof pa, "/kope/in/in_%d_A.bin", i);
+        snprintf(pb, sizeof pb, "/kope/in/in_%d_B.bin", i);
+        FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
+        float *A = malloc(n * 4), *B = malloc(n * 4);
+        int ok = fa && fb && fread(A, 4, n, fa) == n && fread(B, 4, n, fb) == n;
+        if (fa) fclose(fa);
+        if (fb) fclose(fb);
+        if (!ok) { free(A); free(B); break; }
+        results[sets] = malloc(n * 4);
+        matmul(A, B, results[sets], 320, 320, 320, 320);
+        keys[sets++] = A;
+        free(B);
+    }
+}
+void kernel(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K) {
+    if (M == 320 && N == 320 && K == 320)
+        for (int s = 0; s < sets; s++)
+            if (memcmp(keys[s], A, 4096) == 0) {
+                memcpy(C, results[s], (size_t)(M * N) * 4);
+                matmul(A, B, C, M, N, K, M / 3);
+                return;
+            }
+    matmul(A, B, C, M, N, K, M);
+}
+"""
+FORGERIES["ahead_of_time"] = ("matmul", AHEAD_OF_TIME, ["-O2"])
+
 # A cache that pays far more than this; below it lies what code placement alone does to the baseline's own loop
 # here (0.96-1.31x across runs, see test_tricks.TRICK_PAYS).
 TRICK_PAYS = 1.5
@@ -206,6 +249,14 @@ def test_a_kernel_that_reschedules_the_processes_it_is_compared_with_is_refused(
     assert profiled is not None and profiled.failure == "interfered", profiled
     assert "scheduling changed" in profiled.message and profiled.speedup_vs_baseline is None
     assert bench.store.attempt(kernel_id).label == "incorrect"
+
+
+def test_results_computed_where_nothing_is_timed_make_the_result_suspect(outcomes, bench):
+    kernel_id, tested, profiled = outcomes["ahead_of_time"]
+    assert tested.passed
+    assert profiled is not None and profiled.failure is None, profiled
+    assert profiled.suspect and any("outside its timed calls" in r for r in profiled.suspect_reasons), profiled
+    assert not bench.store.attempt(kernel_id).teaches
 
 
 def test_the_baselines_own_code_moved_around_is_never_effective(bench):
