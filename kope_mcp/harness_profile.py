@@ -186,7 +186,9 @@ class Scheduling:
 
     policy: int
     nice: int
-    cpus: tuple[tuple[int, ...], ...]
+    # The distinct masks of its threads: a thread the worker starts later (a BLAS pool on the reference's first
+    # call) inherits its creator's mask and changes nothing here.
+    cpus: frozenset[tuple[int, ...]]
 
     @classmethod
     def of(cls, pid: int) -> Scheduling:
@@ -194,14 +196,14 @@ class Scheduling:
             threads = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
         except OSError:
             threads = [pid]
-        masks = []
+        masks = set()
         for tid in threads:
             with contextlib.suppress(OSError):
-                masks.append(tuple(sorted(os.sched_getaffinity(tid))))
+                masks.add(tuple(sorted(os.sched_getaffinity(tid))))
         try:
-            return cls(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid), tuple(masks))
+            return cls(os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid), frozenset(masks))
         except OSError:
-            return cls(-1, 0, tuple(masks))
+            return cls(-1, 0, frozenset(masks))
 
     def describe(self) -> str:
         cpus = sorted({c for mask in self.cpus for c in mask})
