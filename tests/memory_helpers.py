@@ -47,8 +47,12 @@ def run_sum_session(workbench, task_id: str = "sum_reduce", agent=None):
     fast = workbench.compile_kernel(task_id, SUM_ACCUMULATORS, session_id=naive.session_id, parent_id=naive.kernel_id,
                                     strategy=ACCUMULATOR_STRATEGY, flags=["-O3"])
     workbench.run_tests(fast.kernel_id)
-    measured = workbench.profile_kernel(fast.kernel_id)
-    # Every test built on this session needs the fast kernel to be a trusted win: say why when it is not.
+    # Every test built on this session needs the fast kernel to be a trusted win. A busy machine can make one
+    # profile noisy: profile again, as the product tells an agent to (at most three times), then say why not.
+    for _ in range(3):
+        measured = workbench.profile_kernel(fast.kernel_id)
+        if measured.failure is None and not measured.suspect and not measured.noisy:
+            break
     assert measured.failure is None and not measured.suspect and not measured.noisy, (
         measured.failure, measured.message, measured.suspect_reasons, measured.noise_reasons, measured.warnings)
     wrong = workbench.compile_kernel(task_id, SUM_NO_TAIL, session_id=naive.session_id, parent_id=fast.kernel_id,

@@ -64,23 +64,25 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
     return None, ""
 
 
-# CPU time over claimed wall time above which a kernel given one CPU ran on others too; below 20 ms of timed wall
-# time the 10 ms accounting tick cannot tell.
+# CPU time over the wall time of the windows the candidate was allowed to run in (it is stopped outside them) above
+# which a kernel given one CPU ran on others too: one thread cannot exceed 1, whatever the harness's own Python
+# around the calls costs. Below 20 ms of windows the comparison says little.
 ESCAPED_CPU_RATIO = 1.3
 MIN_ACCOUNTED_S = 0.02
 
 
 def measured_threads(result: dict[str, object], cpus_given: int, declared: int) -> tuple[int, list[str]]:
-    """The CPUs the candidate's timed calls actually kept busy (its process's CPU time over their wall time), and
-    the integrity reasons when that is more than it was given or it widened its own CPU mask."""
-    cpu, wall = result.get("cpu_seconds"), result.get("timed_seconds")
+    """The CPUs the candidate actually kept busy while it was allowed to run (its process's CPU time over the wall
+    time of those windows), and the integrity reasons when that is more than it was given or it widened its own
+    CPU mask."""
+    cpu, wall = result.get("cpu_seconds"), result.get("window_seconds")
     reasons = []
     threads = declared
     if isinstance(cpu, int | float) and isinstance(wall, int | float) and wall >= MIN_ACCOUNTED_S:
         ratio = cpu / wall
         threads = max(1, round(ratio))
         if cpus_given == 1 and ratio > ESCAPED_CPU_RATIO:
-            reasons.append(f"the kernel kept {ratio:.1f} CPUs busy during its timed calls but was given one: it ran "
+            reasons.append(f"the kernel kept {ratio:.1f} CPUs busy while it ran but was given one: it ran "
                            "threads outside its CPU mask, so its speedup is not a single-thread result")
     if result.get("cpu_mask_widened"):
         reasons.append("the kernel widened its CPU mask beyond the CPU it was given")

@@ -75,7 +75,7 @@ class _EscapingFake(FakeNumpyTarget):
 
     def profile(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         measured = super().profile(*args, **kwargs)
-        measured.outcome.result.update({"cpu_seconds": 0.2, "timed_seconds": 0.1})
+        measured.outcome.result.update({"cpu_seconds": 0.2, "window_seconds": 0.1})
         measured.cpus_given = 1
         return measured
 
