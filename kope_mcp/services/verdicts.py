@@ -24,6 +24,19 @@ IMPLAUSIBLE_SPEEDUP = 10.0
 ROOFLINE_MARGIN = 2.0
 
 
+# What to do next after each way a profile can fail (the rest share the last line).
+FAILURE_NEXT_STEPS: dict[str, str] = {
+    "timing_unverified": "the kernel's timing stream broke the measurement protocol (a claimed interval outside the "
+                         "trusted stamps, or batches out of schedule): a kernel must not write to descriptors it did "
+                         "not open or patch the harness; remove that and profile again",
+    "interfered": "the kernel changed how a process it is compared with is scheduled: a kernel must only compute its "
+                  "outputs; remove the system calls that touch other processes and recompile",
+    "wrong_at_profile_size": "the kernel is wrong or crashes at the profiling size although it passed the small "
+                             "cases: make it correct for every size (no special cases by size or by pointer), "
+                             "recompile and test again",
+}
+
+
 def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase],
                     expected: list[list[np.ndarray]]) -> tuple[ProfileFailure | None, str]:
     """Why a profile is not a measurement (wrong or crashing at the profiling size, ...), or (None, "").

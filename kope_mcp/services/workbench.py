@@ -49,6 +49,7 @@ from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.services.profile_inputs import draw_profile_inputs
 from kope_mcp.services.stats import paired_speedup, ratio_spread, summarize
 from kope_mcp.services.verdicts import (
+    FAILURE_NEXT_STEPS,
     SEEDS_PER_CASE,
     measured_threads,
     noise_reasons,
@@ -385,16 +386,7 @@ class Workbench:
                 kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),
                 failure=failure, message=message, hardware=hardware, warnings=sandbox_warnings + measured.warnings,
                 threads=1, pinned_cpu=pin, rounds=0, measure_seconds=0.0,
-                next_step=("the kernel's timing stream broke the measurement protocol (a claimed interval outside "
-                           "the trusted stamps, or batches out of schedule): a kernel must not write to descriptors "
-                           "it did not open or patch the harness; remove that and profile again"
-                           if failure == "timing_unverified" else
-                           "the kernel changed how a process it is compared with is scheduled: a kernel must only "
-                           "compute its outputs; remove the system calls that touch other processes and recompile"
-                           if failure == "interfered" else
-                           "the kernel is wrong or crashes at the profiling size although it passed the small "
-                           "cases: make it correct for every size (no special cases by size or by pointer), "
-                           "recompile and test again"),
+                next_step=FAILURE_NEXT_STEPS.get(failure, FAILURE_NEXT_STEPS["wrong_at_profile_size"]),
             )
             self.memory.record_profile(kernel_id, report)
             progress(3, 3, f"failed: {failure}")
