@@ -302,7 +302,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     usage = CpuUsage(workers["candidate"].pid, cpu)
     # The trusted workers' scheduling as the coordinator set it up: a candidate runs as the same identity and could
     # renice, re-pin or demote them (SCHED_IDLE made an unchanged kernel 1.65x -> 4.19x). Checked after every
-    # candidate sample and at the end; any change ends the measurement.
+    # candidate sample (it runs only then); any change ends the measurement.
     guarded = {name: Scheduling.of(w.pid) for name, w in workers.items() if name != "candidate"}
     guarded["coordinator"] = Scheduling.of(os.getpid())
     pids = {**{name: w.pid for name, w in workers.items()}, "coordinator": os.getpid()}
