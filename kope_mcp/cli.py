@@ -105,7 +105,19 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"error: the token file {args.token_file} is empty; put a long random token in it "
                   "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)", file=sys.stderr)
             return 2
-        options = HttpOptions(host=args.host, port=args.port, token=token or None,
+        if not token:
+            from kope_mcp.http_server import TOKEN_FILE, home_token
+
+            try:
+                settings.home.mkdir(parents=True, exist_ok=True)
+                token, made = home_token(settings.home)
+            except KopeError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            where = settings.home / TOKEN_FILE
+            print(f"kope-mcp: made a bearer token for HTTP clients, kept in {where} (0600): {token}" if made else
+                  f"kope-mcp: HTTP clients send 'Authorization: Bearer <the token in {where}>'", file=sys.stderr)
+        options = HttpOptions(host=args.host, port=args.port, token=token,
                               allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin)
         return _own_and_serve_http(settings, options, on_demand=False)
     if args.no_daemon or os.environ.get("KOPE_DAEMON", "on").lower() in ("off", "0", "no"):
@@ -168,8 +180,8 @@ def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
     def ready() -> None:
         ownership.publish(daemon.DaemonState(pid=os.getpid(), url=url, token=options.token, started_at=time.time(),
                                              on_demand=on_demand, settings=settings.client_visible()))
-        print(f"kope-mcp serving {settings.home} at {url}/mcp" + (" (bearer token required)" if options.token
-                                                                   else ""), file=sys.stderr, flush=True)
+        print(f"kope-mcp serving {settings.home} at {url}/mcp (bearer token required)", file=sys.stderr,
+              flush=True)
 
     try:
         serve_http(settings, options, sock, on_ready=ready)

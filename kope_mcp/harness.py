@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from kope_mcp import sandbox_seccomp
+
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32, "int64": ctypes.c_int64}
 POISON_BITS = 0x7FE5A5A5  # a quiet NaN with a payload no arithmetic produces: "never written"
 POISON_BITS_64 = 0x7FFCA5A5A5A5A5A5
@@ -210,6 +212,7 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
     if job.get("pin_cpu") is not None:
         os.sched_setaffinity(0, {int(job["pin_cpu"])})
     sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
+    sandbox_seccomp.confine_to_self()  # as in a profile: the kernel signals and reaches only its own process
     kernel = _load_kernel(job["libraries"]["candidate"], job["args"])
     pid0 = os.getpid()
     results = []

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from kope_mcp import sandbox_seccomp
 from kope_mcp.harness import (
     Channel,
     Consistency,
@@ -180,6 +181,9 @@ def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[Inp
     # parent, the coordinator, can read and poison its buffers; the other processes that could reach it run only
     # trusted code (the baseline, the reference).
     _dumpable(name == "candidate")
+    # Before any library loads (its constructors run under it): this worker signals, traces and re-prioritises
+    # only itself, whatever its code does; the coordinator alone reaches the others.
+    sandbox_seccomp.confine_to_self()
     kernel: Any = None
     reference: Any = None
     try:
@@ -262,6 +266,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     _dumpable(False)
+    sandbox_seccomp.available()  # the bindings load here, before any fork: a worker imports nothing after its kernel
     workers: dict[str, Worker] = {}
     regions: dict[str, Region] = {}
     candidate_omp: int | None = None

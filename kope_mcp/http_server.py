@@ -10,10 +10,14 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
+import secrets
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -51,13 +55,13 @@ class HttpOptions:
     idle_exit_s: float | None = None  # the daemon's: stop after this long without any request or open stream
 
     def validate(self) -> None:
-        if not is_loopback(self.host):
-            if not self.token:
-                raise HttpConfigError(f"binding to {self.host} (not loopback) requires a token: set KOPE_TOKEN or "
-                                      "pass --token-file FILE")
-            if not self.allowed_hosts:
-                raise HttpConfigError(f"binding to {self.host} (not loopback) requires the Host values clients "
-                                      "will use, e.g. --allowed-host kope.example:8765 (DNS-rebinding protection)")
+        # Loopback included: any user of this machine can reach 127.0.0.1 (user `nobody` got 200 without one).
+        if not self.token:
+            raise HttpConfigError(f"serving HTTP on {self.host} requires a token: set KOPE_TOKEN, pass --token-file "
+                                  "FILE, or let `kope serve` keep one in the home (http-token)")
+        if not is_loopback(self.host) and not self.allowed_hosts:
+            raise HttpConfigError(f"binding to {self.host} (not loopback) requires the Host values clients "
+                                  "will use, e.g. --allowed-host kope.example:8765 (DNS-rebinding protection)")
 
     def security(self) -> TransportSecuritySettings | None:
         # Loopback: the SDK's own defaults (DNS-rebinding protection on for 127.0.0.1/localhost).
@@ -108,6 +112,58 @@ class BearerTokenAndActivity:
             self.activity.last = time.monotonic()
 
 
+# A client has this long to send a request's headers, and then its body; one that trickles them in would otherwise
+# hold a connection (and a slot of the server's) for as long as it likes.
+HEADER_DEADLINE_S = 5.0
+BODY_DEADLINE_S = 30.0
+
+
+def deadline_protocol() -> type[Any]:
+    """uvicorn's h11 protocol, closing a connection whose request headers are not complete within
+    HEADER_DEADLINE_S of its first byte (or of the connection), on every request of a kept-alive connection."""
+    import asyncio
+
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineProtocol(H11Protocol):  # type: ignore[misc]
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _between_requests(self) -> bool:
+            cycle = getattr(self, "cycle", None)
+            return cycle is None or bool(cycle.response_complete)
+
+        def _arm(self) -> None:
+            if self._header_timer is None and self._between_requests():
+                self._header_timer = self.loop.call_later(HEADER_DEADLINE_S, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _too_slow(self) -> None:
+            self._header_timer = None
+            if self._between_requests() and not self.transport.is_closing():
+                log.info("closed a connection whose request headers took over %.0f s", HEADER_DEADLINE_S)
+                self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            self._arm()
+            super().data_received(data)
+            if not self._between_requests():
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadlineProtocol
+
+
 class RequestBodyLimit:
     """ASGI middleware: a request body over the transport's limit is answered with a JSON-RPC error an MCP client
     shows (`source_too_large: ...` with the limits), not the SDK's bare-text 413 that clients report as "Server
@@ -125,17 +181,26 @@ class RequestBodyLimit:
             await self._refuse(send, int(declared))
             return
         body, messages = 0, []
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            body += len(message.get("body", b""))
-            if body > self.limit:
-                await self._refuse(send, body, at_least=True)
-                return
-            if not message.get("more_body", False):
-                break
+        with anyio.move_on_after(BODY_DEADLINE_S) as reading:
+            while True:
+                message = await receive()
+                messages.append(message)
+                if message["type"] != "http.request":
+                    break
+                body += len(message.get("body", b""))
+                if body > self.limit:
+                    await self._refuse(send, body, at_least=True)
+                    return
+                if not message.get("more_body", False):
+                    break
+        if reading.cancelled_caught:
+            text = f"request_timeout: the request body took over {BODY_DEADLINE_S:.0f} s to arrive"
+            reply = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": text}}).encode()
+            await send({"type": "http.response.start", "status": 408, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(reply)).encode()),
+                (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": reply})
+            return
 
         async def replay() -> Any:
             return messages.pop(0) if messages else await receive()
@@ -150,6 +215,37 @@ class RequestBodyLimit:
         await send({"type": "http.response.start", "status": 413, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+TOKEN_FILE = "http-token"
+
+
+def home_token(home: Path) -> tuple[str, bool]:
+    """The home's own bearer token for `kope serve --transport http` without one: (token, newly made). Kept 0600
+    in the home, so a restarted server keeps its clients' configuration; refused when anyone else could read it."""
+    path = home / TOKEN_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        fd = -1
+    if fd >= 0:
+        token = secrets.token_urlsafe(32)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+        return token, True
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise HttpConfigError(f"cannot read the home's token {path}: {exc.strerror}") from None
+    with os.fdopen(fd) as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+            raise HttpConfigError(f"{path} must be a regular file of yours with mode 0600 (it is "
+                                  f"{stat.filemode(info.st_mode)}, uid {info.st_uid}): fix it or remove it")
+        token = fh.read(4096).strip()
+    if not token:
+        raise HttpConfigError(f"{path} is empty: remove it and a new token is made")
+    return token, False
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -181,7 +277,8 @@ def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket
         server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=options.security(),
                                    host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE),
         DEFAULT_MAX_REQUEST_BODY_SIZE, settings.max_source_bytes), options.token, activity)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
+                            http=deadline_protocol())
     web = uvicorn.Server(config)
 
     async def watch_idle() -> None:

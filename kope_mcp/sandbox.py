@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from kope_mcp import sandbox_seccomp
+
 _TAIL_BYTES = 16 * 1024
 # Per-run uids of a root server: a range no distribution hands out (useradd stops at 60000, systemd's dynamic
 # users at 65519, container subuid ranges usually start at 100000 with 65536 each).
@@ -84,6 +86,7 @@ class SandboxCapabilities:
     layers: tuple[Layer, ...]
     missing: str = ""
     disable_userns: bool = False
+    seccomp: bool = False  # bwrap loads the system-call filter (sandbox_seccomp) before each run's first command
 
     @property
     def isolated(self) -> bool:
@@ -202,6 +205,7 @@ def capabilities() -> SandboxCapabilities:
                   "user.max_user_namespaces or an AppArmor policy)" if not root else "bwrap failed as root")
         return SandboxCapabilities("none", bwrap, (rl_layer, Layer("bubblewrap", False, f"{reason}: {detail}")),
                                    missing=f"a working bubblewrap sandbox: {reason}")
+    filter_layer = _probe_filter(bwrap, mode, probe_uid, disable_userns)
     identity = (Layer("per-run uid", True, f"each run as its own uid in {RUN_UID_BASE}..+{RUN_UID_SPAN}; "
                       "capabilities, bounding and ambient sets cleared, no_new_privs") if root else
                 Layer("user namespace", True, "each run in its own user namespace, every capability dropped"
@@ -214,9 +218,32 @@ def capabilities() -> SandboxCapabilities:
         Layer("pid namespace", True, "the host's processes are invisible; every process ends with the run"),
         Layer("network namespace", True, "no network (loopback down)"),
         Layer("ipc/uts/cgroup namespaces", True, "private System V IPC, hostname and cgroup view"),
+        filter_layer,
         rl_layer,
     )
-    return SandboxCapabilities(mode, bwrap, layers, disable_userns=disable_userns)
+    return SandboxCapabilities(mode, bwrap, layers, disable_userns=disable_userns, seccomp=filter_layer.active)
+
+
+def _probe_filter(bwrap: str, mode: Mode, uid: int, disable_userns: bool) -> Layer:
+    """Whether bwrap loads the system-call filter here, by running ``true`` under it."""
+    wanted = sandbox_seccomp.status()
+    if not wanted.active:
+        return Layer("system-call filter", False, wanted.detail)
+    fd = sandbox_seccomp.program_fd()
+    assert fd is not None
+    try:
+        argv = bwrap_argv(bwrap, mode, uid, binds={}, run_dir=None, disable_userns=disable_userns, seccomp_fd=fd)
+        try:
+            done = subprocess.run([*argv, *identity_prefix(mode, uid), "true"], capture_output=True, timeout=20,
+                                  check=False, umask=0o022, pass_fds=(fd,))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Layer("system-call filter", False, f"bwrap --seccomp did not run: {exc}")
+    finally:
+        os.close(fd)
+    if done.returncode != 0:
+        return Layer("system-call filter", False, "bwrap --seccomp failed: "
+                     + done.stderr.decode(errors="replace").strip()[-300:])
+    return Layer("system-call filter", True, wanted.detail)
 
 
 def unsafe_opt_out() -> bool:
@@ -225,8 +252,10 @@ def unsafe_opt_out() -> bool:
 
 # --- the command line ------------------------------------------------------------------------------------------
 def bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_dir: Path | None,
-                disable_userns: bool) -> list[str]:
+                disable_userns: bool, seccomp_fd: int | None = None) -> list[str]:
     argv = [bwrap, "--die-with-parent", "--new-session"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     if mode == "per-run-uid":
         # Namespaces without a user namespace: root sets up the mounts (it can read a 0700 venv), then setpriv
         # becomes the run's uid and clears every capability before any untrusted byte executes.
@@ -468,23 +497,28 @@ def run_sandboxed(
     env: dict[str, str],
     binds: Iterable[Path] = (),
     pass_fds: Sequence[int] = (),
+    reaching: bool = False,
 ) -> SandboxResult:
     """Run ``argv`` in the scratch's run folder inside every isolation layer; never raises for what the child does.
 
     ``binds`` are host paths made visible read-only at their own paths (toolchains, the interpreter), besides
-    what was :meth:`Scratch.place`-d. Raises :class:`SandboxUnavailable` when no isolation is possible and the
-    user did not opt out.
+    what was :meth:`Scratch.place`-d. ``reaching`` lets the run use ``process_vm_*`` (a profile's coordinator,
+    which loads no kernel and confines each worker it forks). Raises :class:`SandboxUnavailable` when no isolation
+    is possible and the user did not opt out.
     """
     caps = capabilities()
     if not caps.isolated and not unsafe_opt_out():
         raise SandboxUnavailable(caps.missing)
     scratch.hand_over()
+    filter_fd = sandbox_seccomp.program_fd(reaching=reaching) if caps.seccomp else None
+    if filter_fd is not None:
+        pass_fds = (*pass_fds, filter_fd)
     if caps.isolated:
         assert caps.bwrap is not None
         for path in binds:
             scratch.place(path)
         cmd = [*bwrap_argv(caps.bwrap, caps.mode, scratch.uid, binds=scratch.binds,
-                            run_dir=scratch.run, disable_userns=caps.disable_userns),
+                            run_dir=scratch.run, disable_userns=caps.disable_userns, seccomp_fd=filter_fd),
                *identity_prefix(caps.mode, scratch.uid),
                # bwrap cannot chdir into a folder only the run's uid may enter: the run's own shell does.
                "/bin/sh", "-c", 'cd "$0" && exec "$@"', SANDBOX_RUN, *argv]
@@ -501,8 +535,9 @@ def run_sandboxed(
         )
         return finish(proc, limits, start, out_fd, err_fd, scratch.uid)
     finally:
-        os.close(out_fd)
-        os.close(err_fd)
+        for fd in (out_fd, err_fd, filter_fd):
+            if fd is not None:
+                os.close(fd)
 
 
 def finish(proc: subprocess.Popen[bytes], limits: SandboxLimits, start: float, out_fd: int, err_fd: int,

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from kope_mcp import sandbox_seccomp
 from kope_mcp.sandbox import (
     SANDBOX_INPUTS,
     SANDBOX_RUN,
@@ -64,8 +65,9 @@ class PreparedSandbox:
         self.scratch.hand_over()
         release_r, self._release_w = os.pipe()
         self._out, self._err = memory_file("stdout"), memory_file("stderr")
+        filter_fd = sandbox_seccomp.program_fd() if caps.seccomp else None
         argv = bwrap_argv(caps.bwrap, caps.mode, self.scratch.uid, binds=self.scratch.binds,
-                          run_dir=self.scratch.run, disable_userns=caps.disable_userns)
+                          run_dir=self.scratch.run, disable_userns=caps.disable_userns, seccomp_fd=filter_fd)
         cmd = [*argv[:-1], "--block-fd", str(release_r), "--", *identity_prefix(caps.mode, self.scratch.uid),
                *_LAUNCHER]
         if caps.rlimits:
@@ -73,12 +75,15 @@ class PreparedSandbox:
         try:
             self.proc = subprocess.Popen(
                 cmd, cwd=self.scratch.run, env=env, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
-                start_new_session=True, pass_fds=(release_r,), umask=0o022)
+                start_new_session=True, pass_fds=(release_r,) if filter_fd is None else (release_r, filter_fd),
+                umask=0o022)
         except OSError:
             self.close()
             raise
         finally:
             os.close(release_r)
+            if filter_fd is not None:
+                os.close(filter_fd)
 
     @property
     def alive(self) -> bool:

@@ -92,7 +92,7 @@ def parse_resources(log: str) -> list[dict[str, int | str]]:
 
 def validate_cuda_flags(flags: list[str]) -> list[str]:
     for flag in flags:
-        if not _FLAG.match(flag):
+        if not isinstance(flag, str) or not _FLAG.fullmatch(flag):
             raise RefusedFlagError(flag, "not on the cuda backend's allow-list", FLAGS_SUMMARY)
     return list(flags)
 

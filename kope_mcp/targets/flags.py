@@ -69,9 +69,9 @@ def _check(flag: str) -> None:
     if flag.startswith("-I"):
         _check_include_dir(flag)
         return
-    if _SIMPLE.match(flag):
+    if _SIMPLE.fullmatch(flag):
         return
-    m = _F_OPTION.match(flag)
+    m = _F_OPTION.fullmatch(flag)
     if m and m.group("name") in _CODEGEN_F:
         return
     raise RefusedFlagError(flag, _reason(flag), ALLOWED_SUMMARY)

@@ -228,6 +228,7 @@ class NativeRunner:
                                          address_space_bytes=self.memory_limit_bytes),
                     env=env,
                     pass_fds=tuple(fds.values()),
+                    reaching=job["mode"] == "profile",  # the coordinator reads the stopped candidate's buffers
                 )
                 outcome = HarnessOutcome(status="ok", stdout_tail=run.stdout_tail, stderr_tail=run.stderr_tail,
                                          uid=run.uid)

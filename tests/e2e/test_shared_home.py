@@ -7,6 +7,8 @@ import contextlib
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -142,7 +144,65 @@ def test_http_refuses_requests_without_the_token_and_non_loopback_without_token_
         HttpOptions(host="0.0.0.0").validate()
     with pytest.raises(HttpConfigError, match="--allowed-host"):
         HttpOptions(host="0.0.0.0", token="t").validate()
-    HttpOptions(host="127.0.0.1").validate()
+    with pytest.raises(HttpConfigError, match="requires a token"):
+        HttpOptions(host="127.0.0.1").validate()  # loopback is every user of this machine
+    HttpOptions(host="127.0.0.1", token="t").validate()
+
+
+def test_http_served_without_a_token_makes_one_kept_private_in_the_home(home):
+    env = {k: v for k, v in os.environ.items() if k != "KOPE_TOKEN"}
+    env |= {"KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}
+    for attempt in range(2):  # the second start reuses the token its clients were configured with
+        server = subprocess.Popen([sys.executable, "-m", "kope_mcp", "serve", "--transport", "http", "--port", "0",
+                                   "--log-level", "WARNING"], env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while (state := daemon.running(home)) is None or state.pid != server.pid:
+                assert server.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            kept = home / "http-token"
+            assert oct(kept.stat().st_mode & 0o777) == "0o600"
+            assert state.token and state.token == kept.read_text().strip() and len(state.token) >= 32
+            ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+            assert httpx2.post(state.url + "/mcp", json=ping).status_code == 401
+            authorised = httpx2.post(state.url + "/mcp", json=ping, headers={
+                "Authorization": f"Bearer {state.token}", "Accept": "application/json, text/event-stream"})
+            assert authorised.status_code != 401
+        finally:
+            server.send_signal(signal.SIGTERM)
+            _, err = server.communicate(timeout=30)
+        assert (state.token in err) == (attempt == 0), err  # printed once, when it is made
+
+
+def test_a_request_whose_headers_trickle_in_is_dropped_at_the_header_deadline(home):
+    state = daemon.ensure(home)
+    host, port = state.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        started = time.monotonic()
+        closed = False
+        # One header byte every 0.25 s: never a whole request. The server hangs up at HEADER_DEADLINE_S (5 s); the
+        # bound leaves a busy machine 10 s more, and stays under the tests' daemon idle exit (20 s), which would
+        # otherwise end the connection too.
+        while time.monotonic() - started < 15:
+            try:
+                conn.sendall(b"X")
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            conn.settimeout(0.25)
+            try:
+                if conn.recv(1) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed = True
+                break
+        assert closed, "the connection was still open after 15 s of trickled headers"
+    response = httpx2.post(state.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert response.status_code == 401  # the server itself kept serving
 
 
 def test_a_user_started_http_server_is_the_homes_owner_for_stdio_clients(home, tmp_path):

@@ -30,6 +30,7 @@ def test_codegen_flags_are_allowed(flag):
     ("/etc/passwd", "extra input files"),
     ("-O3 -fplugin=x", "without spaces"),
     ("-fsomething-new", "code-generation"),
+    ("-O3\n", "without spaces"),
 ])
 def test_dangerous_flags_are_refused_with_the_reason_and_the_allow_list(flag, why):
     with pytest.raises(RefusedFlagError) as info:

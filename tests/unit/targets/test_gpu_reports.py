@@ -54,7 +54,9 @@ def test_only_allow_listed_nvcc_flags_pass():
 
     assert validate_cuda_flags(["-O2", "--use_fast_math", "--maxrregcount=64", "-DTILE=32"]) == [
         "-O2", "--use_fast_math", "--maxrregcount=64", "-DTILE=32"]
-    for flag in ("-Xcompiler", "-o", "--compiler-bindir=/tmp", "-ccbin", "--keep", "-I/etc", "@opts"):
+    # A flag that ends in a newline passed a `$`-anchored pattern: every allow-list matches whole flags.
+    for flag in ("-Xcompiler", "-o", "--compiler-bindir=/tmp", "-ccbin", "--keep", "-I/etc", "@opts", "-O3\n",
+                 "-DTILE=32\n"):
         with pytest.raises(RefusedFlagError):
             validate_cuda_flags([flag])
 

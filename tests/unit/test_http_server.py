@@ -1,0 +1,61 @@
+"""The HTTP transport's own guards: the home's token file, and the request body's deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from kope_mcp import http_server
+from kope_mcp.http_server import HttpConfigError, RequestBodyLimit, home_token
+
+
+def test_the_home_token_is_made_once_private_and_then_reused(tmp_path: Path):
+    token, made = home_token(tmp_path)
+    assert made and len(token) >= 32
+    assert oct((tmp_path / "http-token").stat().st_mode & 0o777) == "0o600"
+    assert home_token(tmp_path) == (token, False)
+
+
+def test_a_home_token_others_can_read_is_refused_with_what_to_do(tmp_path: Path):
+    home_token(tmp_path)
+    os.chmod(tmp_path / "http-token", 0o644)
+    with pytest.raises(HttpConfigError, match="mode 0600"):
+        home_token(tmp_path)
+
+
+def test_a_home_token_that_is_a_link_is_never_followed(tmp_path: Path):
+    (tmp_path / "elsewhere").write_text("planted\n")
+    (tmp_path / "http-token").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(HttpConfigError, match="cannot read"):
+        home_token(tmp_path)
+
+
+def test_a_body_that_trickles_in_past_the_deadline_gets_408(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(http_server, "BODY_DEADLINE_S", 0.3)
+    sent: list[dict] = []
+    reached_app = False
+
+    async def app(scope, receive, send):
+        nonlocal reached_app
+        reached_app = True
+
+    async def receive():
+        await anyio.sleep(0.1)
+        return {"type": "http.request", "body": b"x", "more_body": True}  # never the last chunk
+
+    async def send(message):
+        sent.append(message)
+
+    async def body():
+        with anyio.fail_after(10):
+            await RequestBodyLimit(app, limit=1 << 20, max_source_bytes=1 << 16)(
+                {"type": "http", "headers": []}, receive, send)
+
+    anyio.run(body)
+    assert not reached_app
+    assert sent[0]["status"] == 408
+    assert json.loads(sent[1]["body"])["error"]["message"].startswith("request_timeout:")
