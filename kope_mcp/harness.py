@@ -212,7 +212,8 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
     if job.get("pin_cpu") is not None:
         os.sched_setaffinity(0, {int(job["pin_cpu"])})
     sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
-    sandbox_seccomp.confine_to_self()  # as in a profile: the kernel signals and reaches only its own process
+    # As in a profile: the kernel signals and reaches only its own process.
+    sandbox_seccomp.confine_to_self(bytes.fromhex(job["worker_filter"]) if job.get("worker_filter") else None)
     kernel = _load_kernel(job["libraries"]["candidate"], job["args"])
     pid0 = os.getpid()
     results = []

@@ -183,7 +183,7 @@ def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[Inp
     _dumpable(name == "candidate")
     # Before any library loads (its constructors run under it): this worker signals, traces and re-prioritises
     # only itself, whatever its code does; the coordinator alone reaches the others.
-    sandbox_seccomp.confine_to_self()
+    sandbox_seccomp.confine_to_self(bytes.fromhex(job["worker_filter"]) if job.get("worker_filter") else None)
     kernel: Any = None
     reference: Any = None
     try:
@@ -266,7 +266,6 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     _dumpable(False)
-    sandbox_seccomp.available()  # the bindings load here, before any fork: a worker imports nothing after its kernel
     workers: dict[str, Worker] = {}
     regions: dict[str, Region] = {}
     candidate_omp: int | None = None

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 import kope_mcp
+from kope_mcp import sandbox_seccomp
 from kope_mcp.harness import TRAILER_MAGIC
 from kope_mcp.sandbox import (
     SandboxLimits,
@@ -215,6 +216,8 @@ class NativeRunner:
                     os.close(ack_write)
                     fds["timing"], fds["ack"] = write_end, ack_read
                 job["fds"] = fds
+                worker_filter = sandbox_seccomp.worker_program()
+                job["worker_filter"] = worker_filter.hex() if worker_filter else None
                 job_path = scratch.inputs / "job.json"
                 job_path.write_text(json.dumps(job))
                 job_path.chmod(0o644)

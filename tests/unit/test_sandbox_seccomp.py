@@ -13,7 +13,7 @@ import pytest
 from kope_mcp import sandbox_seccomp
 from kope_mcp.sandbox import capabilities
 
-pytestmark = pytest.mark.skipif(not sandbox_seccomp.available(), reason="libseccomp cannot be loaded here")
+pytestmark = pytest.mark.skipif(sandbox_seccomp.worker_program() is None, reason="libseccomp cannot be loaded here")
 _libc = ctypes.CDLL(None, use_errno=True)
 _F_SETOWN = 8
 
@@ -24,7 +24,7 @@ def _in_confined_child(check) -> int:
     if pid == 0:
         code = 1
         try:
-            sandbox_seccomp.confine_to_self()
+            sandbox_seccomp.confine_to_self(sandbox_seccomp.worker_program())
             code = check()
         finally:
             os._exit(code)
