@@ -258,9 +258,11 @@ class ExperienceMemory:
             noisy=report.noisy, noise_reason="; ".join(report.noise_reasons),
         )
         session = self.session(attempt.session_id)
-        # Only a correct candidate that is measurably faster replaces the incumbent.
-        if not report.suspect and (session.incumbent_speedup is None
-                                   or report.speedup_vs_baseline_ci95[0] > session.incumbent_speedup):
+        # Only a correct candidate that is measurably faster replaces the incumbent, never on a noisy measurement;
+        # the incumbent measured again carries its latest figure (a busy machine made the first one high).
+        remeasured = kernel_id == session.incumbent_id and not report.suspect
+        if remeasured or (not report.suspect and not report.noisy and (
+                session.incumbent_speedup is None or report.speedup_vs_baseline_ci95[0] > session.incumbent_speedup)):
             self.store.set_incumbent(session.session_id, kernel_id, report.speedup_vs_baseline)
             self._sessions.put(session.session_id, session.model_copy(
                 update={"incumbent_id": kernel_id, "incumbent_speedup": report.speedup_vs_baseline}))

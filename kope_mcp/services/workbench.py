@@ -140,6 +140,9 @@ class Workbench:
     def backends_for(self, task: Task) -> list[str]:
         return [name for name, t in self.targets.items() if t.supports(task)]
 
+    def _same_client(self, session_id: str, agent: AgentInfo | None) -> bool:
+        return (agent or AgentInfo()).display == self.memory.session(session_id).agent.display
+
     # --- compile -------------------------------------------------------------------------------------------
     def compile_kernel(
         self,
@@ -177,8 +180,12 @@ class Workbench:
                     f"session {session_id} works on task {session.task_id!r}; omit session_id to start a "
                     f"session for {task_id!r}"
                 )
-        elif parent is not None:
+        elif parent is not None and self._same_client(parent.session_id, agent):
             session = self.memory.session(parent.session_id)
+        elif parent is not None:
+            # Another client's attempt: building on it starts the caller's own session (the lineage stays in
+            # parent_id); its attempts never land in, or speak for, the other client's session.
+            session = self.memory.create_session(task, agent, hardware)
         else:
             session = self.memory.create_session(task, agent, hardware)
         if session.hardware_key != hardware.key:

@@ -172,3 +172,4 @@ def test_a_clients_words_on_another_clients_measured_win_are_its_claim_never_ver
             assert items[own["experience_id"]]["score"] > items[claim["experience_id"]]["score"]
 
     anyio.run(body)
+

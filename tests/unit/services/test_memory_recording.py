@@ -105,3 +105,15 @@ def test_concurrent_recording_from_many_threads_loses_nothing(workbench):
     assert after["Attempt"] - before["Attempt"] == 24 and after["Lesson"] - before["Lesson"] == 24
     for kernel_id, lesson_id in results:
         assert workbench.store.lesson(lesson_id).attempt_id == kernel_id
+
+
+def test_building_on_another_clients_attempt_starts_the_callers_own_session_with_the_lineage_kept(workbench):
+    a, b = AgentInfo(name="client-a", version="1"), AgentInfo(name="client-b", version="1")
+    source = workbench.tasks.get("vector_add").baseline_source
+    first = workbench.compile_kernel("vector_add", source + "\n// a\n", agent=a)
+    again = workbench.compile_kernel("vector_add", source + "\n// a2\n", parent_id=first.kernel_id, agent=a)
+    built = workbench.compile_kernel("vector_add", source + "\n// b\n", parent_id=first.kernel_id, agent=b)
+    assert again.session_id == first.session_id  # its own attempt: the same session
+    assert built.session_id != first.session_id
+    assert workbench.store.attempt(built.kernel_id).parent_id == first.kernel_id
+    assert workbench.memory.session(built.session_id).agent.display == "client-b 1"
