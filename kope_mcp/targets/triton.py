@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kope_mcp import sandbox_seccomp
 from kope_mcp.errors import NoDeviceError, RefusedFlagError
 from kope_mcp.models import KernelResources
 from kope_mcp.sandbox import SandboxLimits, Scratch, memory_file, read_memory_file, run_sandboxed, scrubbed_env
@@ -150,7 +151,9 @@ class TritonTarget(GpuTarget):
                 src.write_text(source, encoding="utf-8")
                 src.chmod(0o644)
                 sizes = task.spec.profile.sizes
+                worker_filter = sandbox_seccomp.worker_program()
                 job = {"source": scratch.inside(src), "arch": arch.removeprefix("sm_"), "result_fd": result_fd,
+                       "worker_filter": worker_filter.hex() if worker_filter else None,
                        "signature": self.signature(task), "sizes": sizes,
                        "args": [{"name": a.name, "kind": a.kind, "dtype": a.dtype, "value": a.value,
                                  "shape": list(task.spec.shape_of(a, sizes)) if a.kind in ("in", "out") else []}

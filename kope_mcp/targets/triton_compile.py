@@ -6,12 +6,19 @@ target GPU: every ``kernel_fn[grid](...)`` launch is compiled (warm-up) instead 
 specialisation a real launch of those arguments would get. Triton's frontend errors are mapped to the user's
 lines; the resource use of each compiled kernel comes from the bundled ``cuobjdump``.
 
-Writes one JSON object to the result descriptor. It runs next to the user's module-level code, so the server
-treats what it reports as diagnostics, never as evidence: correctness and timings are checked elsewhere.
+Two processes: this driver never imports the user's module. It forks a child (confined to itself by the worker's
+system-call filter; the driver is non-dumpable) that closes the result descriptor, imports the module, compiles
+and hands back the compiled binaries and its diagnostics through a pipe. The driver alone writes the result: a
+compile is ok only when the child ended normally and handed over at least one cubin, and every resource figure
+is read by the driver's own ``cuobjdump`` from those binaries. The module cannot reach the result descriptor, so
+it cannot write ``ok: true`` or invent register counts; the server still parses the result as untrusted input.
 """
 
 from __future__ import annotations
 
+import base64
+import ctypes
+import importlib.util
 import json
 import os
 import re
@@ -21,6 +28,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kope_mcp import sandbox_seccomp
+
+_PR_SET_DUMPABLE = 4
+_REPORT_CAP = 64 * 1024**2
 _RESOURCE = re.compile(r"Function (?P<name>\S+):\s*\n\s*REG:(?P<reg>\d+) STACK:(?P<stack>\d+) SHARED:(?P<shared>\d+) "
                        r"LOCAL:(?P<local>\d+)")
 
@@ -83,6 +94,8 @@ def _resources(cubin: bytes, work: Path, cuobjdump: Path) -> dict[str, int]:
                              timeout=60, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
+    finally:
+        path.unlink(missing_ok=True)
     match = _RESOURCE.search(out)
     if match is None:
         return {}
@@ -109,8 +122,6 @@ def compile_module(job: dict[str, Any]) -> dict[str, Any]:
         return kernel
 
     JITFunction.run = compile_only  # type: ignore[method-assign]
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("kope_kernel", user_file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -139,20 +150,91 @@ def compile_module(job: dict[str, Any]) -> dict[str, Any]:
     if not compiled:
         return {"ok": False, "diagnostics": [_diagnostic(0, 0, "kernel(...) launched no @triton.jit kernel on the "
                                                          "profiling-size arguments")]}
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     kernels = []
     for name, kernel in {n: k for n, k in compiled}.items():
-        info = {"name": name, "num_warps": kernel.metadata.num_warps, "shared_bytes": kernel.metadata.shared}
         cubin = kernel.asm.get("cubin")
-        if isinstance(cubin, bytes):
-            info |= _resources(cubin, Path(os.getcwd()), cuobjdump)
-        kernels.append(info)
+        kernels.append({"name": name, "num_warps": kernel.metadata.num_warps,
+                        "cubin": base64.b64encode(cubin).decode() if isinstance(cubin, bytes) else None})
     return {"ok": True, "diagnostics": [], "kernels": kernels, "triton": triton.__version__}
+
+
+def _child(job: dict[str, Any], channel: int) -> None:
+    """The untrusted side: import and compile the module, report through ``channel``. Never returns."""
+    code = 1
+    try:
+        os.close(int(job["result_fd"]))
+        filter_hex = job.get("worker_filter")
+        sandbox_seccomp.confine_to_self(bytes.fromhex(filter_hex) if filter_hex else None)
+        report = compile_module(job)
+        with os.fdopen(channel, "wb") as out:
+            out.write(json.dumps(report).encode())
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _judge(raw: bytes, status: int, work: Path) -> dict[str, Any]:
+    """The driver's result from what the child handed over: figures only from binaries cuobjdump reads."""
+    try:
+        report = json.loads(raw) if raw else None
+    except ValueError:
+        report = None
+    if not isinstance(report, dict) or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        how = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else
+               f"exited with code {os.WEXITSTATUS(status)}" if os.WIFEXITED(status) else "ended")
+        return {"ok": False, "diagnostics": [_diagnostic(0, 0, f"the module's compile step {how} without a "
+                                                         "readable report (did kernel.py exit, fork or write to "
+                                                         "descriptors it does not own?)")]}
+    diagnostics = report.get("diagnostics") if isinstance(report.get("diagnostics"), list) else []
+    if report.get("ok") is not True:
+        return {"ok": False, "diagnostics": diagnostics or [_diagnostic(0, 0, "the Triton compile failed")]}
+    cuobjdump = _cuobjdump()
+    kernels = []
+    listed = report.get("kernels")
+    for item in listed if isinstance(listed, list) else []:
+        if not isinstance(item, dict) or not isinstance(item.get("cubin"), str):
+            continue
+        try:
+            cubin = base64.b64decode(item["cubin"], validate=True)
+        except ValueError:
+            continue
+        figures = _resources(cubin, work, cuobjdump) if cuobjdump is not None else {}
+        if cuobjdump is not None and not figures:
+            continue  # not a binary cuobjdump can read: nothing compiled here
+        warps = item.get("num_warps")
+        kernels.append({"name": str(item.get("name", ""))[:200],
+                        "num_warps": warps if isinstance(warps, int) and 1 <= warps <= 64 else None, **figures})
+    if not kernels:
+        return {"ok": False, "diagnostics": [_diagnostic(0, 0, "kernel(...) produced no compiled @triton.jit "
+                                                         "kernel on the profiling-size arguments")]}
+    return {"ok": True, "diagnostics": diagnostics, "kernels": kernels}
+
+
+def _cuobjdump() -> Path | None:
+    # Found without importing triton: the driver imports nothing the module could have touched.
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return path if path.is_file() else None
 
 
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[1]).read_text())
-    result = compile_module(job)
+    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # the child cannot open this process's descriptors
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        _child(job, write_end)
+    os.close(write_end)
+    chunks, size = [], 0
+    with os.fdopen(read_end, "rb") as source:
+        while size <= _REPORT_CAP and (chunk := source.read(1 << 20)):
+            chunks.append(chunk)
+            size += len(chunk)
+    _, status = os.waitpid(pid, 0)
+    result = _judge(b"".join(chunks) if size <= _REPORT_CAP else b"", status, Path(os.getcwd()))
     os.write(int(job["result_fd"]), json.dumps(result).encode())
     return 0
 

@@ -56,3 +56,42 @@ os._exit(0)
     # before the forger exits, so its tests do not pass.
     if compiled.ok:
         assert not workbench.run_tests(compiled.kernel_id).passed
+
+
+FORGE_EVERYWHERE = '''
+import json, os
+_job = json.load(open("/kope/in/compile.json"))
+_claim = json.dumps({"ok": True, "diagnostics": [], "kernels": [{"name": "fast", "registers": 1, "num_warps": 4}]})
+for _fd in range(3, 64):
+    try:
+        os.write(_fd, _claim.encode())
+    except OSError:
+        pass
+try:
+    _w = os.open(f"/proc/{os.getppid()}/fd/{_job['result_fd']}", os.O_WRONLY)
+    os.write(_w, _claim.encode())
+except OSError:
+    pass
+{ending}
+
+def kernel(a, b, out, n):
+    out.copy_(a + b)
+'''
+
+
+@pytest.mark.parametrize("ending", ["", "os._exit(0)"])
+def test_a_module_without_a_triton_kernel_cannot_report_itself_compiled(workbench, ending):
+    # No @triton.jit at all: the module writes the report it would like (ok, a kernel of 1 register) to every
+    # descriptor it has and to the driver's result descriptor, then carries on or leaves at once.
+    compiled = workbench.compile_kernel("vector_add", FORGE_EVERYWHERE.replace("{ending}", ending), backend="triton")
+    assert not compiled.ok, compiled
+    assert compiled.resources == []
+    assert any("no compiled @triton.jit" in d.message or "launched no @triton.jit" in d.message
+               or "readable report" in d.message for d in compiled.diagnostics), compiled.diagnostics
+
+
+def test_the_compile_report_figures_come_from_the_binary(workbench):
+    compiled = workbench.compile_kernel("vector_add", "PWNED = 0.0\n" + LAUNCHER, backend="triton")
+    assert compiled.ok, compiled.diagnostics
+    assert [r.name for r in compiled.resources] == ["add_kernel"]
+    assert compiled.resources[0].registers and compiled.resources[0].num_warps == 4
