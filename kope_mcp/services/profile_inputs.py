@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kope_mcp.services.references import PoolRule, ReferenceRunner
 from kope_mcp.targets.native_runner import PreparedCase
 from kope_mcp.tasks.loader import Task
 
@@ -47,12 +48,17 @@ def pool_size(one_set_bytes: int, reference_s: float) -> int:
     return max(MIN_SETS, min(MAX_SETS, by_memory, by_time))
 
 
-def draw_profile_inputs(task: Task) -> ProfileInputs:
+def draw_profile_inputs(task: Task, references: ReferenceRunner) -> ProfileInputs:
     profile = task.spec.profile
     seed = secrets.randbits(63)
+    start = time.perf_counter()
+    if not task.trusted:  # the task's own code: the sandbox draws the pool by the same rule
+        made = references.pool(task, profile, seed, PoolRule(MIN_SETS, MAX_SETS, POOL_BYTES, REFERENCE_BUDGET_S))
+        return ProfileInputs([PreparedCase(f"{profile.name}#{i}", profile.sizes, data.inputs)
+                              for i, data in enumerate(made)], [data.expected for data in made],
+                             time.perf_counter() - start)
     sets: list[PreparedCase] = []
     expected: list[list[np.ndarray]] = []
-    start = time.perf_counter()
     count = MIN_SETS
     while len(sets) < count:
         inputs = task.case_inputs(profile, seed + len(sets))

@@ -11,6 +11,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from kope_mcp.errors import InvalidTaskError
+from kope_mcp.services.references import ReferenceRunner
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tasks.loader import Task, load_task
@@ -30,7 +31,7 @@ def add_task(settings: KopeSettings, folder: Path, replace: bool = False) -> Add
 
     Raises InvalidTaskError naming the file and field (or the failing case) when anything is wrong.
     """
-    task = load_task(folder.resolve())
+    task = load_task(folder.resolve(), trusted=False)  # someone else's folder: its code runs in the sandbox only
     target = install_target(settings, task.id, folder / "task.toml", replace)
     passed = check_task(settings, task)
     replaced = install_folder(folder, target)
@@ -74,9 +75,11 @@ def check_task(settings: KopeSettings, task: Task) -> int:
     seed makes every verdict on a kernel meaningless).
     """
     if task.baseline_source is None:
-        for case in task.spec.cases:
-            inputs = task.make_inputs(case.sizes, task.case_seed(case))
-            first, again = task.run_reference(inputs, case.sizes), task.run_reference(inputs, case.sizes)
+        # Each case twice in one sandboxed run (the folder is not the package's: its code never runs here).
+        twice = [(case, task.case_seed(case)) for case in task.spec.cases for _ in range(2)]
+        made = ReferenceRunner(settings).cases(task, twice)
+        for index, case in enumerate(task.spec.cases):
+            first, again = made[2 * index].expected, made[2 * index + 1].expected
             if any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(first, again, strict=True)):
                 raise InvalidTaskError(f"{task.folder / 'reference.py'}: case {case.name!r}: two runs on the same "
                                        "inputs differ; the reference must be deterministic")

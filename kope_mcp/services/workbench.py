@@ -47,6 +47,7 @@ from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch,
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.services.profile_inputs import draw_profile_inputs
+from kope_mcp.services.references import ReferenceRunner
 from kope_mcp.services.stats import paired_speedup, ratio_spread, summarize
 from kope_mcp.services.verdicts import (
     FAILURE_NEXT_STEPS,
@@ -114,6 +115,7 @@ class Workbench:
         self._measure_lock = threading.Lock()
         self._expected_cache: dict[tuple[str, str, int], Prepared] = {}
         self._cache_lock = threading.Lock()
+        self.references = ReferenceRunner(settings)
 
     def target(self, name: str, task: Task | None = None) -> Target:
         """The target named ``name``, usable here and for ``task``; raises a fixable error otherwise."""
@@ -235,19 +237,26 @@ class Workbench:
         )
 
     # --- test ----------------------------------------------------------------------------------------------
-    def _prepared(self, task: Task, case: CaseSpec, seed: int, *, cache: bool = True) -> Prepared:
-        key = (task.id, case.name, seed)
+    def _prepared(self, task: Task, wanted: list[tuple[CaseSpec, int, bool]]) -> list[Prepared]:
+        """Inputs and expected outputs for each (case, seed, cacheable); what is not cached yet is made in one
+        go (one sandboxed run for a task that is not the package's)."""
+        found: dict[int, Prepared] = {}
         with self._cache_lock:
-            hit = self._expected_cache.get(key) if cache else None
-        if hit is not None:
-            return hit
-        inputs = task.case_inputs(case, task.case_seed(case, seed))
-        expected = task.run_reference(inputs, case.sizes)
-        value = Prepared(PreparedCase(name=case.name, sizes=case.sizes, inputs=inputs), expected, case)
-        if cache:
-            with self._cache_lock:
-                self._expected_cache[key] = value
-        return value
+            for i, (case, seed, cache) in enumerate(wanted):
+                hit = self._expected_cache.get((task.id, case.name, seed)) if cache else None
+                if hit is not None:
+                    found[i] = hit
+        missing = [i for i in range(len(wanted)) if i not in found]
+        made = self.references.cases(task, [(wanted[i][0], task.case_seed(wanted[i][0], wanted[i][1]))
+                                            for i in missing]) if missing else []
+        for i, data in zip(missing, made, strict=True):
+            case, seed, cache = wanted[i]
+            found[i] = Prepared(PreparedCase(name=case.name, sizes=case.sizes, inputs=data.inputs), data.expected,
+                                case)
+            if cache:
+                with self._cache_lock:
+                    self._expected_cache[(task.id, case.name, seed)] = found[i]
+        return [found[i] for i in range(len(wanted))]
 
     def run_tests(self, kernel_id: str, progress: ProgressFn = _noop) -> TestReport:
         record = self.store.attempt(kernel_id)
@@ -267,10 +276,11 @@ class Workbench:
                                 f"{status.why_not}")
         sandbox_warnings = self._require_sandbox()
         progress(0, 3, "preparing inputs and reference outputs")
-        prepared = [self._prepared(task, c, s) for c in task.spec.cases for s in range(SEEDS_PER_CASE)]
+        wanted = [(c, s, True) for c in task.spec.cases for s in range(SEEDS_PER_CASE)]
         drawn_seed = secrets.randbelow(2**31) if task.spec.drawn_cases and target.draws_cases else None
         if drawn_seed is not None:
-            prepared.append(self._prepared(task, draw_case(task.spec, drawn_seed), 0, cache=False))
+            wanted.append((draw_case(task.spec, drawn_seed), 0, False))
+        prepared = self._prepared(task, wanted)
         self._check_build(target, record.build_hash)
         progress(1, 3, f"running {len(prepared)} case runs in the sandbox ({status.summary})")
         outcome = target.run_cases(task, record.build_hash, [p.case for p in prepared],
@@ -367,7 +377,7 @@ class Workbench:
         profile = task.spec.profile
         sizes = profile.sizes
         progress(0, 3, "drawing fresh input sets and their reference outputs at the profiling size")
-        pool = draw_profile_inputs(task)
+        pool = draw_profile_inputs(task, self.references)
         sets, expected = pool.sets, pool.expected
         hardware = target.hardware()
         # Calls on the same set must agree within the task's own tolerance, not the profiling case's wider one

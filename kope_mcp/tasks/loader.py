@@ -31,8 +31,11 @@ class Task:
     folder: Path
     reference_source: str
     baseline_source: str | None  # None: speedups are measured against the reference itself
-    reference_fn: Callable[..., Any]
+    # None for a task folder that is not part of the package: its reference.py is someone else's code and runs
+    # only in the sandbox (services/references.py), never imported by the server.
+    reference_fn: Callable[..., Any] | None
     generate_fn: Callable[..., dict[str, np.ndarray]] | None
+    trusted: bool = True
 
     @property
     def id(self) -> str:
@@ -47,6 +50,8 @@ class Task:
                     outlier_magnitude: float | None = None) -> dict[str, np.ndarray]:
         """Seeded inputs for every ``in`` argument (the task's own generator when it has one); ``ranges`` (a
         case's) replace an argument's own [low, high); ``outliers`` (a case's) are placed as structure.py says."""
+        if not self.trusted:
+            raise RuntimeError(f"task {self.id!r} is not the package's: its inputs are made in the sandbox")
         ranges = ranges or {}
         rng = np.random.default_rng(seed)
         inputs: dict[str, np.ndarray] = {}
@@ -94,6 +99,8 @@ class Task:
 
     def run_reference(self, inputs: dict[str, np.ndarray], sizes: dict[str, int]) -> list[np.ndarray]:
         """The expected outputs, in prototype order, as float64 arrays of the declared shapes."""
+        if self.reference_fn is None:
+            raise RuntimeError(f"task {self.id!r} is not the package's: its reference runs only in the sandbox")
         result = self.reference_fn(**self.call_arguments(inputs, sizes))
         outs = [a for a in self.spec.args if a.kind == "out"]
         values = list(result) if isinstance(result, tuple | list) else [result]
@@ -138,8 +145,11 @@ def _describe_validation(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def load_task(folder: Path) -> Task:
-    """Load and validate one task folder; raises InvalidTaskError naming the file and field at fault."""
+def load_task(folder: Path, *, trusted: bool = True) -> Task:
+    """Load and validate one task folder; raises InvalidTaskError naming the file and field at fault.
+
+    ``trusted=False`` (every folder but the package's suite): task.toml is read, reference.py is not imported;
+    its checks (the signature of ``reference``, what it returns) happen in the sandbox when it first runs."""
     for name in (TASK_FILE, REFERENCE_FILE):
         if not (folder / name).is_file():
             raise InvalidTaskError(f"{folder}: missing {name} (a task folder holds {TASK_FILE}, "
@@ -155,6 +165,12 @@ def load_task(folder: Path) -> Task:
         raise InvalidTaskError(f"{toml_path}: {_describe_validation(exc)}") from None
     except ExpressionError as exc:
         raise InvalidTaskError(f"{toml_path}: {exc}") from None
+    reference_source = (folder / REFERENCE_FILE).read_text(encoding="utf-8")
+    baseline_source = ((folder / BASELINE_FILE).read_text(encoding="utf-8") if (folder / BASELINE_FILE).is_file()
+                       else None)
+    if not trusted:
+        return Task(spec=spec, folder=folder, reference_source=reference_source, baseline_source=baseline_source,
+                    reference_fn=None, generate_fn=None, trusted=False)
     module = _load_module(folder / REFERENCE_FILE, f"kope_task_{spec.id.replace('-', '_')}")
     reference_fn = getattr(module, "reference", None)
     if not callable(reference_fn):
@@ -170,9 +186,8 @@ def load_task(folder: Path) -> Task:
     return Task(
         spec=spec,
         folder=folder,
-        reference_source=(folder / REFERENCE_FILE).read_text(encoding="utf-8"),
-        baseline_source=(folder / BASELINE_FILE).read_text(encoding="utf-8") if (folder / BASELINE_FILE).is_file()
-        else None,
+        reference_source=reference_source,
+        baseline_source=baseline_source,
         reference_fn=reference_fn,
         generate_fn=generate_fn if callable(generate_fn) else None,
     )

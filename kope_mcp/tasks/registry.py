@@ -58,7 +58,9 @@ class TaskRegistry:
                 if not (folder / TASK_FILE).is_file():
                     continue
                 try:
-                    task = load_task(folder)
+                    # Only the package's own suite is imported here; any other folder's reference.py is run in
+                    # the sandbox (a task folder from elsewhere is someone else's code).
+                    task = load_task(folder, trusted=root == SUITE_DIR)
                 except InvalidTaskError as exc:
                     problems.append(str(exc))
                     log.warning("skipping task folder: %s", exc)

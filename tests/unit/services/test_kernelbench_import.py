@@ -10,7 +10,9 @@ from mcp import Client
 
 from kope_mcp.cli import main
 from kope_mcp.server import build_server
-from kope_mcp.services.kernelbench_import import ELEMENT_BUDGET, import_kernelbench
+from kope_mcp.services.kernelbench_import import import_kernelbench
+from kope_mcp.services.kernelbench_plan import ELEMENT_BUDGET
+from kope_mcp.services.references import ReferenceRunner
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import make_settings
 
@@ -131,12 +133,14 @@ def test_the_task_file_keeps_the_problem_source_for_the_model_to_read(imported):
 def test_the_reference_is_the_pytorch_model_in_float64_and_deterministic_per_seed(imported):
     settings, _ = imported
     task = TaskRegistry([settings.home / "tasks"]).get("kb_67_conv_standard_1d")
+    assert not task.trusted and task.reference_fn is None  # an imported problem is never imported by the server
     case = task.spec.cases[1]
-    inputs = task.make_inputs(case.sizes, 11)
-    again = task.make_inputs(case.sizes, 11)
-    assert all(np.array_equal(inputs[k], again[k]) for k in inputs)
-    assert not np.array_equal(inputs["x"], task.make_inputs(case.sizes, 12)["x"])
-    (out,) = task.run_reference(inputs, case.sizes)
+    first, again, other = ReferenceRunner(settings).cases(task, [(case, 11), (case, 11), (case, 12)])
+    inputs = first.inputs
+    assert all(np.array_equal(inputs[k], again.inputs[k]) for k in inputs)
+    assert np.array_equal(first.expected[0], again.expected[0])
+    assert not np.array_equal(inputs["x"], other.inputs["x"])
+    (out,) = first.expected
     x, w, b = (inputs[k].astype(np.float64) for k in ("x", "conv1d_weight", "conv1d_bias"))
     windows = np.lib.stride_tricks.sliding_window_view(x, 3, axis=2)  # batch x C x out_len x K
     np.testing.assert_allclose(out, np.einsum("nctk,fck->nft", windows, w) + b[None, :, None], rtol=1e-12)
@@ -193,8 +197,8 @@ def test_profiling_times_the_float32_forward_pass_and_checking_uses_float64(impo
     settings, _ = imported
     task = TaskRegistry([settings.home / "tasks"]).get("kb_1_square_matrix_multiplication")
     case = task.spec.cases[0]
-    inputs = task.make_inputs(case.sizes, 3)
-    (exact,) = task.run_reference(inputs, case.sizes)
+    (made,) = ReferenceRunner(settings).cases(task, [(case, 3)])
+    inputs, (exact,) = made.inputs, made.expected
     timed = _load_reference(str(task.folder))
     assert timed.__name__ == "benchmark"
     fast = timed(**task.call_arguments(inputs, case.sizes))
