@@ -11,8 +11,10 @@ wheel ships):
   the interpreter, site-packages, the kernel library, the task folder), the job's inputs read-only, a private
   ``/tmp``, a fresh ``/proc`` and a minimal ``/dev``; one directory, the run's own, is writable. ``KOPE_HOME``,
   other runs, the user's files and the host's processes do not exist in it;
-- **no network** (a new network namespace with a downed loopback), new PID, IPC, UTS and cgroup namespaces: when
-  the command ends every process it started is killed by the kernel, and ``kill(-1)`` reaches only its own;
+- **no network** (a new network namespace: only its own loopback, up, with nothing of the host's on it), new PID,
+  IPC, UTS and cgroup namespaces: when the command ends every process it started is killed by the kernel, and
+  ``kill(-1)`` reaches only its own;
+- **a system-call filter** (:mod:`kope_mcp.sandbox_seccomp`), loaded by bwrap before the first command;
 - **rlimits** set outside (``prlimit``: CPU seconds, address space, processes, file size, no core files), which a
   process without capabilities cannot raise; a wall-clock timeout that kills the whole process group.
 
@@ -216,7 +218,8 @@ def capabilities() -> SandboxCapabilities:
         Layer("mount namespace", True, "empty root, read-only toolchain and libraries, private /tmp, fresh "
               "/proc, only the run's own directory writable"),
         Layer("pid namespace", True, "the host's processes are invisible; every process ends with the run"),
-        Layer("network namespace", True, "no network (loopback down)"),
+        Layer("network namespace", True, "no network: its own namespace, only a private loopback (nothing of the "
+              "host's, not the daemon's port)"),
         Layer("ipc/uts/cgroup namespaces", True, "private System V IPC, hostname and cgroup view"),
         filter_layer,
         rl_layer,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,6 +44,7 @@ from kope_mcp.models import (
 )
 from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, unsafe_opt_out
 from kope_mcp.services.correctness import judge_case, merge_seeds
+from kope_mcp.services.fair_slot import FairSlot
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.services.profile_inputs import draw_profile_inputs
 from kope_mcp.services.references import ReferenceRunner
@@ -111,8 +111,9 @@ class Workbench:
         self.store = self.memory.store
         self.targets = targets if targets is not None else load_targets(settings)
         keep_bounds_in(settings.home / "bounds.json")
-        # Profiles never overlap: a second measurement on a 2-core machine would be the noisy neighbour.
-        self._measure_lock = threading.Lock()
+        # Profiles never overlap (a second measurement on a 2-core machine would be the noisy neighbour); the
+        # slot goes to the client that used it least lately.
+        self._measure_slot = FairSlot()
         self._expected_cache: dict[tuple[str, str, int], Prepared] = {}
         self._cache_lock = threading.Lock()
         self.references = ReferenceRunner(settings)
@@ -356,7 +357,7 @@ class Workbench:
 
     # --- profile -------------------------------------------------------------------------------------------
     def profile_kernel(self, kernel_id: str, deterministic: bool = False, time_reference: bool = True,
-                       progress: ProgressFn = _noop) -> ProfileReport:
+                       progress: ProgressFn = _noop, agent: AgentInfo | None = None) -> ProfileReport:
         record = self.store.attempt(kernel_id)
         if not record.ok:
             raise NotCompiledError(f"kernel {kernel_id} did not compile; fix it and call compile_kernel again")
@@ -385,9 +386,7 @@ class Workbench:
         # calls differ at most by their summation order): a kernel cheap on all but the first call is caught.
         tol = next(iter(task.spec.tolerance.values()))
         progress(1, 3, "waiting for the measurement slot")
-        queued = time.monotonic()
-        with self._measure_lock:
-            wait = time.monotonic() - queued
+        with self._measure_slot.hold((agent or AgentInfo()).display) as wait:
             cap = self.settings.profile_time_cap_s
             progress(2, 3, f"measuring kernel, baseline{' and reference' if time_reference else ''} interleaved "
                      f"(~{cap:g} s)")
@@ -428,7 +427,8 @@ class Workbench:
         if isinstance(costs, str):
             warnings.append(f"no deterministic counts: {costs}")
         if wait > 0.05:
-            warnings.append(f"waited {wait:.1f} s for another profile to finish (profiles never overlap)")
+            warnings.append(f"waited {wait:.1f} s for other profiles to finish (profiles never overlap; the slot "
+                            "goes to the client that used it least lately)")
         report = ProfileReport(
             kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),
             kernel=kernel_stats, baseline=base_stats, baseline_is_reference=base_key == "reference",

@@ -91,7 +91,8 @@ def register(server: MCPServer[Any]) -> None:
     ) -> ProfileReport:
         """Time a kernel that passed run_tests at the task's profiling size, interleaved with the naive baseline
         and the numpy reference in one pinned sandboxed process, until the timings are stable (about 3 s). The
-        timed calls rotate two input sets into fresh output buffers and their outputs are checked.
+        timed calls take input sets drawn fresh and secretly for this profile, into fresh output buffers, and
+        every output is checked. Profiles of all clients queue for one slot, shared fairly; a wait is reported.
 
         Returns median, IQR, 95% CI and n for each, speedup vs the baseline (with CI) and vs the reference,
         GFLOP/s, GB/s, the hardware, warnings, and `suspect` (a result never taught to others as a win). A kernel
@@ -100,4 +101,4 @@ def register(server: MCPServer[Any]) -> None:
         your best, then try the next idea.
         """
         return await call_service(ctx, app_state(ctx).workbench.profile_kernel, kernel_id, deterministic,
-                                  time_reference, progress=True)
+                                  time_reference, progress=True, agent=agent_info(ctx))
