@@ -30,12 +30,10 @@ from kope_mcp.sandbox import (
     Scratch,
     memory_file,
     read_memory_file,
-    run_sandboxed,
-    scrubbed_env,
 )
+from kope_mcp.services.references import run_worker
 from kope_mcp.services.task_admin import check_task, install_folder, install_target
 from kope_mcp.settings import KopeSettings
-from kope_mcp.targets.native_runner import python_runtime
 from kope_mcp.tasks.kernelbench import PROBLEM_FILE, ProblemError
 from kope_mcp.tasks.loader import load_task
 
@@ -113,7 +111,6 @@ def _import_one(settings: KopeSettings, path: Path, replace: bool) -> ImportedPr
 
 def _plan_in_sandbox(settings: KopeSettings, path: Path, task_id: str) -> dict[str, Any]:
     """Run kernelbench_plan on the problem in the sandbox (it executes the problem file); its answer, checked."""
-    runtime = python_runtime()
     result_fd = memory_file("kernelbench-plan")
     try:
         with Scratch(settings.scratch_dir) as scratch:
@@ -121,18 +118,11 @@ def _plan_in_sandbox(settings: KopeSettings, path: Path, task_id: str) -> dict[s
             problem = scratch.inputs / re.sub(r"[^A-Za-z0-9_.-]", "_", path.name)
             shutil.copyfile(path, problem)
             problem.chmod(0o644)
-            job_path = scratch.inputs / "plan.json"
-            job_path.write_text(json.dumps({"problem": scratch.inside(problem), "task_id": task_id,
-                                            "result_fd": result_fd}))
-            job_path.chmod(0o644)
-            env = scrubbed_env({"PYTHONPATH": runtime.place(scratch), "PYTHONDONTWRITEBYTECODE": "1"},
-                               tmpdir=scratch.inside(scratch.run))
             try:
-                run = run_sandboxed(
-                    [runtime.executable, "-S", "-B", "-m", "kope_mcp.kernelbench_worker", scratch.inside(job_path)],
-                    scratch=scratch, env=env, pass_fds=(result_fd,),
-                    limits=SandboxLimits(wall_seconds=PLAN_WALL_S, cpu_seconds=int(PLAN_WALL_S) * (os.cpu_count() or 1),
-                                         address_space_bytes=settings.memory_limit_bytes))
+                run = run_worker(scratch, "kope_mcp.kernelbench_worker",
+                                 {"problem": scratch.inside(problem), "task_id": task_id}, result_fd, SandboxLimits(
+                                     wall_seconds=PLAN_WALL_S, cpu_seconds=int(PLAN_WALL_S) * (os.cpu_count() or 1),
+                                     address_space_bytes=settings.memory_limit_bytes))
             except SandboxUnavailable as exc:
                 raise ProblemError(f"a KernelBench problem runs only in the sandbox, which this machine lacks: "
                                    f"{exc}") from None

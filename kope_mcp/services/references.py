@@ -21,6 +21,7 @@ from kope_mcp.errors import InvalidTaskError
 from kope_mcp.reference_worker import MAGIC
 from kope_mcp.sandbox import (
     SandboxLimits,
+    SandboxResult,
     SandboxUnavailable,
     Scratch,
     memory_file,
@@ -79,24 +80,14 @@ class ReferenceRunner:
 
     def _sandboxed(self, task: Task, job: dict[str, Any], cases: list[CaseSpec] | None, *,
                    pool_case: CaseSpec | None = None) -> list[CaseData]:
-        runtime = python_runtime()
         result_fd = memory_file("reference")
         try:
             with Scratch(self.settings.scratch_dir) as scratch:
                 job["task_folder"] = scratch.place(task.folder.resolve(), SANDBOX_TASK)
-                job["result_fd"] = result_fd
-                job_path = scratch.inputs / "reference.json"
-                job_path.write_text(json.dumps(job))
-                job_path.chmod(0o644)
-                env = scrubbed_env({"PYTHONPATH": runtime.place(scratch), "PYTHONDONTWRITEBYTECODE": "1"},
-                                   tmpdir=scratch.inside(scratch.run))
                 try:
-                    run = run_sandboxed(
-                        [runtime.executable, "-S", "-B", "-m", "kope_mcp.reference_worker", scratch.inside(job_path)],
-                        scratch=scratch, env=env, pass_fds=(result_fd,),
-                        limits=SandboxLimits(wall_seconds=WALL_S, cpu_seconds=int(WALL_S) * (os.cpu_count() or 1),
-                                             address_space_bytes=self.settings.memory_limit_bytes,
-                                             max_file_bytes=RESULT_CAP_BYTES))
+                    run = run_worker(scratch, "kope_mcp.reference_worker", job, result_fd, SandboxLimits(
+                        wall_seconds=WALL_S, cpu_seconds=int(WALL_S) * (os.cpu_count() or 1),
+                        address_space_bytes=self.settings.memory_limit_bytes, max_file_bytes=RESULT_CAP_BYTES))
                 except SandboxUnavailable as exc:
                     raise InvalidTaskError(f"{task.folder}: this task's reference.py is not the package's and runs "
                                            f"only in the sandbox, which this machine lacks: {exc}") from None
@@ -122,6 +113,20 @@ class ReferenceRunner:
             assert case is not None
             out.append(_checked(task, case, arrays, index))
         return out
+
+
+def run_worker(scratch: Scratch, module: str, job: dict[str, Any], result_fd: int,
+               limits: SandboxLimits) -> SandboxResult:
+    """``python -m module JOB`` in the sandbox with this interpreter and package; the job (with ``result_fd``, the
+    one descriptor it may write its answer to) goes in as a read-only file."""
+    runtime = python_runtime()
+    job_path = scratch.inputs / "job.json"
+    job_path.write_text(json.dumps({**job, "result_fd": result_fd}))
+    job_path.chmod(0o644)
+    env = scrubbed_env({"PYTHONPATH": runtime.place(scratch), "PYTHONDONTWRITEBYTECODE": "1"},
+                       tmpdir=scratch.inside(scratch.run))
+    return run_sandboxed([runtime.executable, "-S", "-B", "-m", module, scratch.inside(job_path)],
+                         scratch=scratch, env=env, pass_fds=(result_fd,), limits=limits)
 
 
 def _mapped(fd: int) -> tuple[dict[str, np.ndarray], dict[str, Any] | None]:
