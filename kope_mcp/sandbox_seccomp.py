@@ -57,6 +57,7 @@ _FIOSETOWN, _SIOCSPGRP = 0x8901, 0x8902
 _INT = 0xFFFFFFFF  # int arguments: the kernel ignores the upper half a caller may fill
 _PR_SET_NO_NEW_PRIVS = 38
 _SECCOMP_SET_MODE_FILTER = 1
+_SECCOMP_FILTER_FLAG_TSYNC = 1
 _SYS_SECCOMP = {"x86_64": 317, "aarch64": 277, "riscv64": 277, "ppc64le": 358, "s390x": 348}.get(os.uname().machine, -1)
 
 
@@ -178,7 +179,7 @@ def _stand_ins(program: bytes) -> int:
 def confine_to_self(program: bytes | None) -> None:
     """Load, into the calling process, the worker's filter (:func:`worker_program`) for its own pid: it reaches no
     other process (signals, memory, ownership of asynchronous I/O). Irreversible, inherited by every thread and
-    child it creates later; the caller must still be single-threaded. None (no libseccomp): nothing to load."""
+    child it creates later, and by the threads it already has. None (no libseccomp): nothing to load."""
     if not program:
         return
     pid = os.getpid()
@@ -191,7 +192,8 @@ def confine_to_self(program: bytes | None) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     filters = (ctypes.c_char * len(patched)).from_buffer(patched)
     fprog = _SockFprog(len(patched) // 8, ctypes.cast(filters, ctypes.c_void_p))
-    if libc.syscall(_SYS_SECCOMP, _SECCOMP_SET_MODE_FILTER, 0, ctypes.byref(fprog)) != 0:
+    # TSYNC: every thread of the process (an OpenBLAS or OpenMP pool started before this call) gets it too.
+    if libc.syscall(_SYS_SECCOMP, _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(fprog)) != 0:
         raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER)")
 
 

@@ -85,3 +85,28 @@ def test_doctor_lists_the_filter_as_the_sandbox_has_it():
     if capabilities().isolated:
         assert layers["system-call filter"].active == capabilities().seccomp
         assert capabilities().seccomp, layers["system-call filter"].detail
+
+
+def test_threads_started_before_the_filter_are_confined_too():
+    parent = os.getpid()
+
+    def check() -> int:
+        import threading
+
+        go, seen = threading.Event(), []
+        thread = threading.Thread(target=lambda: (go.wait(30), seen.append(_errno_of(lambda: _libc.kill(parent, 0)))))
+        thread.start()  # a pool thread a library started before the kernel was loaded
+        sandbox_seccomp.confine_to_self(sandbox_seccomp.worker_program())
+        go.set()
+        thread.join(30)
+        return 0 if seen == [errno.EPERM] else 1
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = check()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
