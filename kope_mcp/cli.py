@@ -326,7 +326,13 @@ def _memory(action: str, target: str | None) -> int:
     from kope_mcp.memory.embedder import BackgroundEmbedder
     from kope_mcp.memory.store import KuzuExperienceStore
     from kope_mcp.services.memory import ExperienceMemory
-    from kope_mcp.services.memory_admin import export_memory, import_into_copy, memory_stats, show_item
+    from kope_mcp.services.memory_admin import (
+        export_memory,
+        home_identity,
+        import_into_copy,
+        memory_stats,
+        show_item,
+    )
     from kope_mcp.settings import KopeSettings
 
     if action != "stats" and not target:
@@ -353,14 +359,23 @@ def _memory(action: str, target: str | None) -> int:
         elif action == "show":
             print(json.dumps(show_item(memory, str(target)), indent=1, default=str))
         elif action == "export":
-            counts = export_memory(memory, Path(str(target)))
+            counts = export_memory(memory, Path(str(target)), home_identity(settings.home))
             print(f"exported to {target}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
         else:
             memory.store.close()  # checkpointed: the import works on a copy (import_into_copy)
             report = import_into_copy(settings.memory_path, Path(str(target)), lambda path: ExperienceMemory(
-                KuzuExperienceStore(path), BackgroundEmbedder(enabled=False)))
+                KuzuExperienceStore(path), BackgroundEmbedder(enabled=False)), home_identity(settings.home))
             print(f"imported from {target}: added {report.added or 'nothing'}; "
-                  f"already present {report.skipped_existing or 'nothing'}")
+                  f"already present {report.skipped_existing or 'nothing'}"
+                  + (f"; measured elsewhere ({report.origin}): served as evidence from that home, never as a "
+                     "win here" if report.origin else "; this home's own export"))
+            if report.edited:
+                print(f"warning: records changed after the export (their sha256 does not match): {report.edited}; "
+                      "edited lessons were left out, edited attempts kept as suspect (never taught)",
+                      file=sys.stderr)
+            if report.unhashed:
+                print(f"note: {report.unhashed} records carry no sha256 (an export from before hashes); taken as "
+                      "they are", file=sys.stderr)
     except (KopeError, OSError) as exc:
         print(exc, file=sys.stderr)
         return 2

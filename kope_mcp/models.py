@@ -273,6 +273,10 @@ class ContextItem(BaseModel):
     error_signature: str | None = Field(None, description="Failures: the normalised compiler or test error.")
     fix_strategy: str | None = Field(None, description="Fixes: the change that resolved the failure.")
     fix_id: str | None = Field(None, description="Fixes: the kernel that resolved it.")
+    origin: str | None = Field(None, description="Imported from another home (its id and export time): measured "
+                               "there, untested here. Absent for this home's own.")
+    about_agent: str | None = Field(None, description="Lessons written about another agent's attempt: that agent "
+                                    "(the words are the writer's claim, the measurement that agent's session's).")
 
     @model_serializer(mode="wrap")
     def _without_nulls(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]

@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 
-from kope_mcp.bench.retrieval_corpus import Corpus, Query, generate, kinds
+from kope_mcp.bench.retrieval_corpus import CORPUS_HOME, Corpus, Query, generate, kinds
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -52,7 +52,7 @@ def load(corpus: Corpus, home: Path, order: str, embeddings: bool) -> dict[str, 
     if embeddings:  # the backlog's rate is measured from a loaded model, not with its start-up in it
         bench.memory.embedder.wait(timeout=600)
     t0 = time.perf_counter()
-    import_memory(bench.memory, path)
+    import_memory(bench.memory, path, home_id=CORPUS_HOME)  # the home's own memory, not another's
     figures: dict[str, Any] = {"import_s": time.perf_counter() - t0}
     if embeddings:
         t0 = time.perf_counter()

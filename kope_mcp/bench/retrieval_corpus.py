@@ -154,12 +154,16 @@ class Corpus:
         elif order == "shuffled":
             random.Random(seed).shuffle(lessons)
         with path.open("w", encoding="utf-8") as fh:
-            fh.write(json.dumps({"kind": "header", "format": "kope-memory", "version": 1,
+            fh.write(json.dumps({"kind": "header", "format": "kope-memory", "version": 1, "home_id": CORPUS_HOME,
                                  "exported_at": "2026-11-30T00:00:00Z", "counts": {}}) + "\n")
             for task in self.tasks:
                 fh.write(json.dumps({"kind": "task", **task}) + "\n")
             for lesson in lessons:
                 fh.write(json.dumps({"kind": "lesson", **lesson}) + "\n")
+
+
+# The corpus stands for a home's own memory: loaded with this id as the home's, its measurements count as made here.
+CORPUS_HOME = "retrieval-corpus"
 
 
 def generate(size: int, seed: int = 7) -> Corpus:

@@ -72,6 +72,8 @@ class AttemptRecord(BaseModel):
     noisy: bool = Field(False, description="Too imprecise to teach (a wide CI, or conservative timings on a busy "
                         "machine): kept, never served as a win or a pitfall.")
     noise_reason: str = ""
+    origin: str = Field("", description="Where the measurement was made when not here: the exporting home and "
+                        "when it exported ('' for this home's own). Evidence from elsewhere, never a local win.")
 
     @property
     def teaches(self) -> bool:
@@ -119,6 +121,8 @@ class LessonRecord(BaseModel):
     about_agent: str = Field("", description="Set when the writer is not the agent whose session measured the "
                              "attempt: that agent. The measurement is the server's; these words are the writer's "
                              "claim about someone else's result.")
+    origin: str = Field("", description="The home it was imported from ('' for this home's own): its `verified` "
+                        "described a measurement made there, so it is stored unverified here.")
 
 
 class StrategyRecord(BaseModel):

@@ -35,9 +35,12 @@ ATTEMPT_DROPPED_V3 = ("uses_openmp",)
 # never opened again ("Trying to a create a vector with ANY type"); a column added without a default is null.
 ATTEMPT_COLUMNS_V4: dict[str, tuple[str, str]] = {"speedup_ci_high": ("DOUBLE", ""),
                                                   "noisy": ("BOOLEAN", "false"), "noise_reason": ("STRING", "''")}
+# Migration 5: a measurement imported from another home says where it came from ('' for one made here).
+ATTEMPT_COLUMNS_V5: dict[str, tuple[str, str]] = {"origin": ("STRING", "''")}
 ATTEMPT_COLUMNS: dict[str, str] = {
     ATTEMPT_RENAMED_V3.get(k, k): t for k, t in ATTEMPT_COLUMNS_V1.items() if k not in ATTEMPT_DROPPED_V3
-} | {k: t for k, (t, _) in ATTEMPT_COLUMNS_V2.items()} | {k: t for k, (t, _) in ATTEMPT_COLUMNS_V4.items()}
+} | {k: t for k, (t, _) in ATTEMPT_COLUMNS_V2.items()} | {k: t for k, (t, _) in ATTEMPT_COLUMNS_V4.items()} | \
+    {k: t for k, (t, _) in ATTEMPT_COLUMNS_V5.items()}
 LESSON_COLUMNS_V1: dict[str, str] = {
     "lesson_id": "STRING", "text": "STRING", "strategy": "STRING", "strategy_id": "STRING", "opt_layer": "STRING",
     "rationale": "STRING", "task_id": "STRING", "family": "STRING", "hardware_key": "STRING",
@@ -48,8 +51,9 @@ LESSON_COLUMNS_V1: dict[str, str] = {
 LESSON_COLUMNS_V3: dict[str, tuple[str, str]] = {"target": ("STRING", "''")}
 # Migration 4: a lesson written about another agent's attempt names that agent (its words are the writer's claim).
 LESSON_COLUMNS_V4: dict[str, tuple[str, str]] = {"about_agent": ("STRING", "''")}
+LESSON_COLUMNS_V5: dict[str, tuple[str, str]] = {"origin": ("STRING", "''")}
 LESSON_COLUMNS: dict[str, str] = LESSON_COLUMNS_V1 | {k: t for k, (t, _) in LESSON_COLUMNS_V3.items()} | \
-    {k: t for k, (t, _) in LESSON_COLUMNS_V4.items()}
+    {k: t for k, (t, _) in LESSON_COLUMNS_V4.items()} | {k: t for k, (t, _) in LESSON_COLUMNS_V5.items()}
 JSON_FIELDS = ("flags", "profile_warnings")
 
 

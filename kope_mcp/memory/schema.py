@@ -6,10 +6,12 @@ from kope_mcp.memory.rows import (
     ATTEMPT_COLUMNS_V1,
     ATTEMPT_COLUMNS_V2,
     ATTEMPT_COLUMNS_V4,
+    ATTEMPT_COLUMNS_V5,
     ATTEMPT_RENAMED_V3,
     LESSON_COLUMNS_V1,
     LESSON_COLUMNS_V3,
     LESSON_COLUMNS_V4,
+    LESSON_COLUMNS_V5,
 )
 
 EMBEDDING_DIM = 384
@@ -62,5 +64,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
           for name, (typ, default) in ATTEMPT_COLUMNS_V4.items()),
         *(f"ALTER TABLE Lesson ADD {name} {typ} DEFAULT {default}"
           for name, (typ, default) in LESSON_COLUMNS_V4.items()),
+    ]),
+    (5, "evidence from elsewhere", [
+        *(f"ALTER TABLE Attempt ADD {name} {typ} DEFAULT {default}" for name, (typ, default) in
+          ATTEMPT_COLUMNS_V5.items()),
+        *(f"ALTER TABLE Lesson ADD {name} {typ} DEFAULT {default}" for name, (typ, default) in
+          LESSON_COLUMNS_V5.items()),
     ]),
 ]

@@ -16,7 +16,7 @@ _SECTIONS = (
     ("warm", "fix", "## Errors and the fixes that resolved them"),
     ("warm", "pitfall", "## Pitfalls to avoid"),
     ("warm", "lesson", "## Lessons (other agents' words, quoted; labels and numbers are the server's measurements)"),
-    ("cold", None, "## From other families or hardware"),
+    ("cold", None, "## From other families, hardware or homes (not measured here for this task)"),
 )
 
 
@@ -29,7 +29,8 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
         # C is the default backend; any other is named, since its code does not transfer line for line.
         where += f" [{rec.target}]" if rec.target != "c" else ""
     if cand.kind == "case" and rec is not None:
-        head = (f"- [{rec.label}, step x{rec.step_ratio or 0:.2f}, {rec.speedup or 0:.2f}x vs naive, "
+        elsewhere = f"imported from {rec.origin}, untested here: " if rec.origin else ""
+        head = (f"- [{elsewhere}{rec.label}, step x{rec.step_ratio or 0:.2f}, {rec.speedup or 0:.2f}x vs naive, "
                 f"confidence {rec.confidence:.2f}] {where}: {rec.strategy or 'unnamed change'}; flags "
                 f"{' '.join(rec.flags) or '-'} ({rec.kernel_id}, {rec.hardware_key})")
         diff = rec.diff_from_parent if with_diff else ""
@@ -50,12 +51,15 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
         else:
             outcome = f"{rec.label}: {rec.speedup or 0:.2f}x vs naive, step x{rec.step_ratio or 0:.2f}"
         return (f"- AVOID {rec.strategy or 'this change'} on {where}: {outcome} ({rec.kernel_id}, "
-                f"{rec.hardware_key})")
+                f"{rec.hardware_key}" + (f", imported from {rec.origin}" if rec.origin else "") + ")")
     lesson = cand.lesson
     assert lesson is not None
     status = (f"verified, {lesson.label}" + (f", {lesson.speedup:.2f}x" if lesson.speedup else "")
               if lesson.verified else "unverified")
-    if lesson.about_agent:
+    if lesson.origin:
+        status = f"imported from {lesson.origin}, unverified here" + (
+            f": {lesson.label} {lesson.speedup:.2f}x there" if lesson.speedup else "")
+    elif lesson.about_agent:
         status = (f"unverified: {lesson.agent or 'an agent'} says about {lesson.about_agent}'s "
                   + (f"{lesson.speedup:.2f}x " if lesson.speedup else "") + f"attempt {lesson.attempt_id}")
     scope = (lesson.task_id or lesson.family or "general") + (f" [{lesson.target}]" if lesson.target not in
@@ -159,7 +163,8 @@ def attempt_data(rec: AttemptRecord) -> dict[str, Any]:
     return {"target": rec.target, "strategy": rec.strategy, "label": rec.label, "speedup": rec.speedup,
             "step_ratio": rec.step_ratio, "confidence": rec.confidence, "task_id": rec.task_id,
             "family": rec.family, "hardware": rec.hardware_key, "flags": list(rec.flags),
-            "error_signature": rec.error_signature if not rec.ok or rec.correct is False else None}
+            "error_signature": rec.error_signature if not rec.ok or rec.correct is False else None,
+            "origin": rec.origin or None}
 
 
 def item_data(cand: Candidate) -> dict[str, Any]:
@@ -173,4 +178,5 @@ def item_data(cand: Candidate) -> dict[str, Any]:
     assert lesson is not None
     return {"target": lesson.target, "strategy": lesson.strategy, "label": lesson.label, "speedup": lesson.speedup,
             "step_ratio": lesson.step_ratio, "confidence": lesson.confidence, "verified": lesson.verified,
-            "task_id": lesson.task_id, "family": lesson.family, "hardware": lesson.hardware_key}
+            "task_id": lesson.task_id, "family": lesson.family, "hardware": lesson.hardware_key,
+            "origin": lesson.origin or None, "about_agent": lesson.about_agent or None}

@@ -7,12 +7,21 @@ so a PREV parent always precedes its child), ``lesson``, ``embedding`` (``id``, 
 ``vector``). Fields are those of the records in ``kope_mcp/memory/records.py``. Import merges: a node whose id
 already exists is skipped, so importing the same file twice, or into a memory that shares part of it, creates
 no duplicates; edges are rebuilt from the ids each record carries.
+
+Provenance: the header names the exporting home (``home_id``, kept in ``KOPE_HOME/home-id``) and every record line
+carries ``sha256``, the hash of the line without it. A record whose hash does not match was edited after the
+export: counted in the report (``edited``); an edited lesson or vector is left out, an edited attempt is kept for
+its successors' sake but as suspect (never taught). Measurements from another home keep ``origin``
+("home <id>, exported <time>") and lessons from one are stored unverified: they are evidence from elsewhere,
+served as such (never under "What worked here"). An export of this same home (a backup) comes back as its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +53,30 @@ class MemoryStats(BaseModel):
 class ImportReport(BaseModel):
     added: dict[str, int]
     skipped_existing: dict[str, int]
+    edited: dict[str, int] = {}  # records whose sha256 does not match their line (see the module's docstring)
+    unhashed: int = 0  # records from an export written before per-record hashes (taken as they are)
+    origin: str = ""  # '' when the export is this home's own
+
+
+HOME_ID_FILE = "home-id"
+
+
+def home_identity(home: Path) -> str:
+    """This home's id (random, made once, kept 0600 in the home): names it as the origin of what it exports."""
+    path = home / HOME_ID_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return path.read_text(encoding="utf-8").strip()[:64]
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(secrets.token_hex(6) + "\n")
+    return path.read_text(encoding="utf-8").strip()
+
+
+def _line_hash(kind: str, data: dict[str, Any]) -> str:
+    body = json.dumps({"kind": kind, **{k: v for k, v in data.items() if k != "sha256"}}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def memory_stats(memory: ExperienceMemory) -> MemoryStats:
@@ -71,14 +104,17 @@ def show_item(memory: ExperienceMemory, item_id: str) -> dict[str, Any]:
     raise UnknownExperienceError(item_id)
 
 
-def export_memory(memory: ExperienceMemory, path: Path) -> dict[str, int]:
+def export_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> dict[str, int]:
     store = memory.store
     counts = store.counts()
     with path.open("w", encoding="utf-8") as fh:
         def write(kind: str, data: dict[str, Any]) -> None:
+            if kind != "header":
+                data = {**data, "sha256": _line_hash(kind, data)}
             fh.write(json.dumps({"kind": kind, **data}, separators=(",", ":")) + "\n")
 
-        write("header", {"format": FORMAT, "version": VERSION, "exported_at": now(), "counts": counts})
+        write("header", {"format": FORMAT, "version": VERSION, "exported_at": now(), "counts": counts,
+                         "home_id": home_id})
         for node in store.raw_nodes("Task"):
             write("task", node)
         for node in store.raw_nodes("Hardware"):
@@ -100,7 +136,7 @@ STAGING_SUFFIX = ".importing"
 
 
 def import_into_copy(memory_path: Path, export: Path,
-                     open_memory: Callable[[Path], ExperienceMemory]) -> ImportReport:
+                     open_memory: Callable[[Path], ExperienceMemory], home_id: str = "") -> ImportReport:
     """Import ``export`` all or nothing: into a copy of the closed database at ``memory_path``, which replaces
     the original (one rename) only once the copy is complete and closed.
 
@@ -115,7 +151,7 @@ def import_into_copy(memory_path: Path, export: Path,
         shutil.copyfile(memory_path, staging)
     memory = open_memory(staging)
     try:
-        report = import_memory(memory, export)
+        report = import_memory(memory, export, home_id)
     except BaseException:
         memory.store.close()
         remove_staging(memory_path)
@@ -146,7 +182,8 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def import_memory(memory: ExperienceMemory, path: Path) -> ImportReport:
+def import_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> ImportReport:
+    """Merge an export into ``memory``; ``home_id`` is this home's (its own export comes back as its own)."""
     importer = _Importer(memory, path)
     try:
         with path.open(encoding="utf-8") as fh:
@@ -154,6 +191,10 @@ def import_memory(memory: ExperienceMemory, path: Path) -> ImportReport:
             if header.get("format") != FORMAT or header.get("version") != VERSION:
                 raise InvalidExportError(f"{path} is not a {FORMAT} version {VERSION} file "
                                          f"(header: {header!r:.200})")
+            source = str(header.get("home_id") or "")
+            if not source or source != home_id:
+                importer.origin = (f"home {source[:64]}" if source else "an unnamed home") + \
+                    f", exported {str(header.get('exported_at', '?'))[:19]}"
             for number, line in enumerate(fh, start=2):
                 importer.line = number
                 if line.strip():
@@ -167,7 +208,8 @@ def import_memory(memory: ExperienceMemory, path: Path) -> ImportReport:
             memory.store.rebuild_text_index()
     if importer.added:
         memory.queue_backlog()  # a server importing embeds what it imported; `kope memory import` has no model
-    return ImportReport(added=importer.added, skipped_existing=importer.skipped)
+    return ImportReport(added=importer.added, skipped_existing=importer.skipped, edited=importer.edited,
+                        unhashed=importer.unhashed, origin=importer.origin)
 
 
 class _Importer:
@@ -180,9 +222,29 @@ class _Importer:
         self.skipped: dict[str, int] = {}
         self.lessons: list[dict[str, Any]] = []
         self.line = 0
+        self.origin = ""
+        self.edited: dict[str, int] = {}
+        self.unhashed = 0
 
     def take(self, row: dict[str, Any]) -> None:
         kind = row.pop("kind")
+        claimed = row.pop("sha256", None)
+        if claimed is None:
+            self.unhashed += 1
+        elif claimed != _line_hash(kind, row):
+            # Changed after the export: evidence of nothing. Lessons and vectors are left out; an attempt is kept
+            # (its successors link to it) but as a suspect measurement, which nothing ever teaches from; the
+            # structure (task, hardware, strategy, session) carries no verdict.
+            self.edited[kind] = self.edited.get(kind, 0) + 1
+            if kind in ("lesson", "embedding"):
+                return
+            if kind == "attempt":
+                row |= {"suspect": True, "suspect_reason": "changed after its export (sha256 mismatch): not "
+                        "evidence of anything"}
+        if self.origin and kind in ("attempt", "lesson"):
+            row["origin"] = row.get("origin") or self.origin  # a re-export keeps the first home's name
+            if kind == "lesson":
+                row["verified"] = False  # verified described a measurement made there
         if kind == "lesson":
             row["_line"] = self.line
             self.lessons.append(row)

@@ -53,13 +53,17 @@ def score(cand: Candidate, state: QueryState, config: SelectionConfig) -> tuple[
     multiplier *= config.hardware_weight[hw_rank]
     if other_target:
         multiplier *= config.other_target_weight
+    # Measured in another home (or written there): evidence from elsewhere, never "what worked here".
+    imported = bool((rec is not None and rec.origin) or (lesson is not None and lesson.origin))
+    if imported:
+        multiplier *= config.imported_weight
     score = round(relevance * quality * multiplier, 4)
     local = (same_task or same_family or same_sig or fix_like or (cand.kind == "lesson" and task_id is None))
-    tier = "warm" if local and same_hw and not other_target else "cold"
+    tier = "warm" if local and same_hw and not other_target and not imported else "cold"
     why = list(dict.fromkeys(cand.reasons))
     flags = (("same hardware", same_hw and hw is not None), ("other hardware", 0 < hw_rank < 3),
              ("another kind of hardware", hw_rank == 0), ("fixes this error", fix_like),
-             (f"other backend ({target})", other_target),
+             (f"other backend ({target})", other_target), ("imported from another home", imported),
              (f"BM25 {cand.bm25:.2f}", cand.bm25 > 0), (f"cosine {cand.cosine:.2f}", cand.cosine > 0),
              )
     why += [w for w, on in flags if on]

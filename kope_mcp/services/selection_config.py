@@ -60,6 +60,8 @@ class SelectionConfig(BaseModel):
         description="By hardware_rank: 3 same machine, 2 same architecture, 1 same kind of device, 0 another kind "
                     "(a GPU result for a CPU question).")
     other_target_weight: float = 0.5
+    imported_weight: float = Field(0.6, description="A measurement (or lesson) imported from another home: "
+                                   "evidence from elsewhere, always in the cold tier, weighed down by this.")
     preferred_agent_boost: float = 1.5
     phase_weights: dict[str, dict[str, float]] = Field(
         default_factory=lambda: {phase: dict(weights) for phase, weights in _PHASE_WEIGHTS.items()},

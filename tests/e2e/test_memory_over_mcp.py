@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import Implementation
 
@@ -173,3 +174,53 @@ def test_a_clients_words_on_another_clients_measured_win_are_its_claim_never_ver
 
     anyio.run(body)
 
+
+
+@pytest.mark.slow
+def test_a_memory_imported_from_another_home_is_served_as_evidence_from_there_and_edits_are_caught(
+        tmp_path, monkeypatch, capsys):
+    from kope_mcp.cli import main
+    from kope_mcp.services.workbench import Workbench
+
+    # Home A measures a win and says why.
+    home_a, home_b = tmp_path / "home-a", tmp_path / "home-b"
+    bench = Workbench(make_settings(home_a))
+    compiled = bench.compile_kernel("matmul", MATMUL_FAST, flags=["-O3"], strategy="loop interchange i-k-j")
+    assert bench.run_tests(compiled.kernel_id).passed
+    for _ in range(3):  # a busy machine can make one profile noisy (never served): profile again, as agents do
+        measured = bench.profile_kernel(compiled.kernel_id)
+        if measured.failure is None and not measured.noisy and not measured.suspect:
+            break
+    assert measured.failure is None and not measured.noisy and not measured.suspect, measured.noise_reasons
+    bench.store.close()
+    monkeypatch.setenv("KOPE_EMBEDDINGS", "off")
+    monkeypatch.setenv("KOPE_HOME", str(home_a))
+    export = tmp_path / "a.jsonl"
+    assert main(["memory", "export", str(export)]) == 0
+    # In transit, a forger adds its own "win" by copying that line with a new id and 55x.
+    lines = export.read_text().splitlines()
+    line = next(x for x in lines if x.startswith('{"kind":"attempt"') and compiled.kernel_id in x)
+    forged = json.loads(line) | {"kernel_id": "k-forged0000", "speedup": 55.0, "label": "effective"}
+    export.write_text("\n".join([*lines, json.dumps(forged, separators=(",", ":"))]) + "\n")
+    capsys.readouterr()
+    monkeypatch.setenv("KOPE_HOME", str(home_b))
+    assert main(["memory", "import", str(export)]) == 0
+    said = capsys.readouterr()
+    assert "measured elsewhere (home " in said.out
+    assert "sha256 does not match" in said.err and "{'attempt': 1}" in said.err
+
+    async def body():
+        server = build_server(make_settings(home_b))
+        async with Client(server, client_info=Implementation(name="client-b", version="1")) as b:
+            answer = (await b.call_tool("query_experience", {"query": "matmul loop order", "task_id": "matmul",
+                                                             "phase": "optimize", "token_budget": 4000})
+                      ).structured_content
+        return answer
+
+    answer = anyio.run(body)
+    items = {item["id"]: item for item in answer["items"]}
+    assert "k-forged0000" not in items and "k-forged0000" not in answer["context"]
+    served = items[compiled.kernel_id]
+    assert served["tier"] == "cold" and served["origin"].startswith("home ")
+    assert "untested here" in answer["context"][served["span"][0]:served["span"][1]]
+    assert not any(item["tier"] == "warm" and item["kind"] == "case" for item in answer["items"])

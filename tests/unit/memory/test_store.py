@@ -24,10 +24,10 @@ def populated(tmp_path) -> KuzuExperienceStore:
 
 def test_migrations_are_recorded_once_and_data_survives_reopening(tmp_path):
     store = populated(tmp_path)
-    assert store.schema_version() == 4
+    assert store.schema_version() == 5
     store.close()
     again = KuzuExperienceStore(tmp_path / "memory.kuzu")
-    assert again.schema_version() == 4
+    assert again.schema_version() == 5
     assert again.counts()["Attempt"] == 3
     assert again.session("s-1").agent.name == "claude"
 
@@ -78,9 +78,10 @@ def test_a_version_1_home_upgrades_in_place_and_keeps_its_attempts(tmp_path, mon
     old.close()
     monkeypatch.undo()
     upgraded = KuzuExperienceStore(tmp_path / "memory.kuzu")
-    assert upgraded.schema_version() == 4
+    assert upgraded.schema_version() == 5
     attempt = upgraded.attempt("k-1")
     assert attempt.label == "effective" and attempt.suspect is False and attempt.suspect_reason == ""
+    assert attempt.origin == ""  # migration 5: measured here
     assert attempt.target == "c"  # migration 3: the column `backend` became `target`; uses_openmp went to the build
     upgraded.update_attempt("k-1", suspect=True, suspect_reason="CI contains 1")
     assert upgraded.attempt("k-1").suspect

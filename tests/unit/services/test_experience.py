@@ -1,5 +1,7 @@
 """record_experience and query_experience: measured evidence first, phases, budgets, pitfalls, the why."""
 
+import json
+
 import pytest
 
 from kope_mcp.errors import UnknownKernelError, UnknownSessionError, UnknownTaskError
@@ -189,12 +191,12 @@ def test_unknown_ids_and_empty_lessons_are_refused(world):
 def test_export_then_import_into_an_empty_home_gives_the_same_graph_and_answers(world, workbench, tmp_path):
     ids, service = world
     path = tmp_path / "memory.jsonl"
-    counts = export_memory(workbench.memory, path)
+    counts = export_memory(workbench.memory, path, home_id="home-1")
     fresh = Workbench(make_settings(tmp_path / "fresh-home"), workbench.tasks)
-    report = import_memory(fresh.memory, path)
-    assert fresh.store.counts() == counts
+    report = import_memory(fresh.memory, path, home_id="home-1")  # a backup restored: the home's own again
+    assert fresh.store.counts() == counts and report.origin == "" and not report.edited
     assert report.added["attempt"] == counts["Attempt"]
-    again = import_memory(fresh.memory, path)
+    again = import_memory(fresh.memory, path, home_id="home-1")
     assert not again.added and fresh.store.counts() == counts
     fresh_service = ExperienceService(fresh.memory, fresh.tasks)
     for kwargs in ({"task_id": "dot"}, {"session_id": ids["session"]}):
@@ -249,3 +251,33 @@ def test_a_suspect_measurement_is_never_offered_as_what_worked(world, workbench)
         assert not lesson.verified and lesson.label == "lesson"
     finally:
         workbench.memory._update(ids["fast"], suspect=False, suspect_reason="")
+
+
+def test_an_import_from_another_home_is_evidence_from_there_never_a_win_here(world, workbench, tmp_path):
+    ids, _ = world
+    path = tmp_path / "memory.jsonl"
+    export_memory(workbench.memory, path, home_id="home-a")
+    # In transit, one attempt is made a 55x win: its line no longer matches its hash.
+    lines = path.read_text().splitlines()
+    naive = next(i for i, line in enumerate(lines) if f'"kernel_id":"{ids["naive"]}"' in line
+                 and line.startswith('{"kind":"attempt"'))
+    lines[naive] = json.dumps(json.loads(lines[naive]) | {"label": "effective", "speedup": 55.0,
+                                                          "confidence": 0.99}, separators=(",", ":"))
+    path.write_text("\n".join(lines) + "\n")
+    other = Workbench(make_settings(tmp_path / "home-b"), workbench.tasks)
+    report = import_memory(other.memory, path, home_id="home-b")
+    assert report.origin.startswith("home home-a, exported ") and report.edited == {"attempt": 1}
+    edited = other.store.attempt(ids["naive"])  # kept for its successors, but never taught from
+    assert edited.suspect and "sha256" in edited.suspect_reason and not edited.teaches
+    fast = other.store.attempt(ids["fast"])
+    assert fast.origin == report.origin and fast.label == workbench.store.attempt(ids["fast"]).label
+    assert all(not lesson.verified and lesson.origin for lesson in other.store.lessons_for_attempt(ids["fast"]))
+    # Same task, same hardware key as where it was measured: still evidence from elsewhere, never a win here.
+    answer = ExperienceService(other.memory, other.tasks).query_experience(
+        "accumulators", task_id="sum_reduce", phase="optimize", token_budget=4000)
+    imported = [item for item in answer.items if item.origin]
+    assert imported and all(item.tier == "cold" for item in imported)
+    assert not any(item.tier == "warm" and item.kind == "case" for item in answer.items)
+    assert "imported from home home-a" in answer.context and ids["naive"] not in answer.context
+    served = next(item for item in answer.items if item.id == ids["fast"])
+    assert "untested here" in answer.context[served.span[0]:served.span[1]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kope_mcp.bench.retrieval_corpus import Corpus, generate
+from kope_mcp.bench.retrieval_corpus import CORPUS_HOME, Corpus, generate
 from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.memory_admin import import_memory
 from kope_mcp.services.workbench import Workbench
@@ -20,7 +20,7 @@ def answers(corpus: Corpus, tmp_path, order: str) -> dict[str, list[str]]:
     corpus.write(path, order, seed=3)
     bench = Workbench(make_settings(tmp_path / order.replace(" ", "-")))
     bench.memory.start()
-    import_memory(bench.memory, path)
+    import_memory(bench.memory, path, home_id=CORPUS_HOME)  # the home's own memory, not another's
     service = ExperienceService(bench.memory, bench.tasks)
     out = {q.qid: [item.id for item in service.query_experience(
         q.text, task_id=q.task_id, hardware=q.hardware, phase=q.phase).items if item.tier != "hot"]  # type: ignore[arg-type]
