@@ -103,6 +103,9 @@ class ExperienceService:
             if attempt.speedup is not None and not attempt.teaches:
                 # A lesson cannot launder a suspect or noisy measurement into a verified outcome.
                 label, verified, confidence = "lesson", False, UNVERIFIED_CONFIDENCE
+            elif attempt.origin:
+                # Measured in another home: the words may be right, but nothing here verified them.
+                label, verified, confidence = "lesson", False, min(confidence, UNVERIFIED_CONFIDENCE)
             measurer = self.memory.session(attempt.session_id)
             if session_id != attempt.session_id and (agent or AgentInfo()).display != measurer.agent.display:
                 # Another agent's words about this measurement: the label stays the measurement's, the words are
@@ -130,7 +133,7 @@ class ExperienceService:
             experience_id=record.lesson_id, attempt_id=record.attempt_id, label=label, verified=verified,
             confidence=confidence, strategy=canonical.name, strategy_id=canonical.strategy_id,
             step_ratio=record.step_ratio, speedup=record.speedup,
-            measured=attempt is not None and attempt.speedup is not None and attempt.teaches,
+            measured=attempt is not None and attempt.speedup is not None and attempt.teaches and not attempt.origin,
             about_agent=about_agent or None,
             next_step=("recorded as your claim about the attempt of " + about_agent + ": its measurement stays "
                        "that session's; pass the attempt's session_id if it is yours. " if about_agent else "")

@@ -281,3 +281,7 @@ def test_an_import_from_another_home_is_evidence_from_there_never_a_win_here(wor
     assert "imported from home home-a" in answer.context and ids["naive"] not in answer.context
     served = next(item for item in answer.items if item.id == ids["fast"])
     assert "untested here" in answer.context[served.span[0]:served.span[1]]
+    # A lesson written here on the imported attempt is not verified by a measurement made there.
+    said = ExperienceService(other.memory, other.tasks).record_experience(
+        ACCUMULATOR_STRATEGY, "accumulators helped", kernel_id=ids["fast"])
+    assert not said.verified and not said.measured
