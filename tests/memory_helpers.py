@@ -1,5 +1,7 @@
 """Kernels with clearly different outcomes, for memory tests (the timings differ by several times)."""
 
+import time
+
 SUM_NAIVE = """#include <stdint.h>
 void kernel(const float *x, float *out, int64_t n) {
     float acc = 0.0f;
@@ -48,11 +50,13 @@ def run_sum_session(workbench, task_id: str = "sum_reduce", agent=None):
                                     strategy=ACCUMULATOR_STRATEGY, flags=["-O3"])
     workbench.run_tests(fast.kernel_id)
     # Every test built on this session needs the fast kernel to be a trusted win. A busy machine can make one
-    # profile noisy: profile again, as the product tells an agent to (at most three times), then say why not.
-    for _ in range(3):
+    # profile noisy (at load 2.3 here, three in a row were): profile again, as the product tells an agent to, after
+    # a pause that lets a burst of other work pass (at most six times), then say why not.
+    for attempt in range(6):
         measured = workbench.profile_kernel(fast.kernel_id)
         if measured.failure is None and not measured.suspect and not measured.noisy:
             break
+        time.sleep(0.5 * (attempt + 1))
     assert measured.failure is None and not measured.suspect and not measured.noisy, (
         measured.failure, measured.message, measured.suspect_reasons, measured.noise_reasons, measured.warnings)
     wrong = workbench.compile_kernel(task_id, SUM_NO_TAIL, session_id=naive.session_id, parent_id=fast.kernel_id,
