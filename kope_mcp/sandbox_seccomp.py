@@ -170,6 +170,25 @@ def worker_program() -> bytes | None:
     return program
 
 
+_PR_SET_SECCOMP = 22
+
+
+@functools.cache
+def counting_program() -> bytes | None:
+    """The filter callgrind's driver loads before it opens the kernel: no exec (valgrind would leave no summary, and
+    the program it ran could write one) and no further filter (one denying valgrind's own writes). Classic BPF;
+    None without libseccomp."""
+    sc, _ = _load()
+    if sc is None:
+        return None
+    eperm = sc.ERRNO(errno.EPERM)
+    flt = sc.SyscallFilter(sc.ALLOW)
+    for number in _numbers(sc, ("execve", "execveat", "seccomp")):
+        flt.add_rule(eperm, number)
+    flt.add_rule(eperm, "prctl", sc.Arg(0, sc.MASKED_EQ, _INT, _PR_SET_SECCOMP))
+    return _export(flt)
+
+
 def _stand_ins(program: bytes) -> int:
     # struct sock_filter { u16 code; u8 jt; u8 jf; u32 k; }: only k is read here.
     return sum(1 for offset in range(0, len(program), 8)
