@@ -46,7 +46,7 @@ from typing import Literal
 
 from kope_mcp import sandbox_seccomp
 from kope_mcp.sandbox_files import UntrustedFileError as UntrustedFileError
-from kope_mcp.sandbox_files import _tail_of, remove_tree
+from kope_mcp.sandbox_files import _tail_of, remove_tree, scratch_root
 from kope_mcp.sandbox_files import memory_file as memory_file
 from kope_mcp.sandbox_files import read_back as read_back
 from kope_mcp.sandbox_files import read_memory_file as read_memory_file
@@ -352,14 +352,17 @@ class Scratch:
 
     ``inputs`` is written by the server and bound read-only at ``/kope/in``; ``run`` is the only writable place
     in the sandbox, at ``/kope/run`` (handed to the run's uid on a root server). Other host paths a run needs
-    are bound read-only where :meth:`place` says, so a kernel never learns where the server keeps anything.
-    Folders are named after the server's pid, so a server that starts removes what a dead one left
-    (:func:`remove_stale_scratch`).
+    are bound read-only where :meth:`place` says, so a kernel never learns where the server keeps anything, and
+    ``root`` (the home's scratch folder) is only where the folders go when no tmpfs has room
+    (:func:`~kope_mcp.sandbox_files.scratch_root`): the mount table shows a bind's source path. A server that
+    starts removes what a dead one left (:func:`remove_stale_scratch`).
     """
 
     def __init__(self, root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.path = root / f"{os.getpid()}-{secrets.token_hex(6)}"
+        base = scratch_root(root)
+        # In the home, named after the server's pid (for stale removal); on a tmpfs, the base folder's lock says it.
+        self.path = base / (f"{os.getpid()}-{secrets.token_hex(6)}" if base == root else secrets.token_hex(8))
         self.path.mkdir(mode=0o700)
         self.inputs = self.path / "in"
         self.run = self.path / "run"

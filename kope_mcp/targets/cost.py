@@ -56,8 +56,8 @@ def valgrind_available() -> bool:
 def driver_source(task: Task, sizes: dict[str, int], program: bytes) -> str:
     """C that loads ``in_<name>.bin`` files, allocates outputs, loads ``program`` (a seccomp filter), then opens
     ``kernel.so`` and calls ``kernel`` once: nothing of the kernel's (its constructors included) runs unfiltered."""
-    filters = ", ".join("{%d, %d, %d, %du}" % struct.unpack_from("=HBBI", program, offset)
-                        for offset in range(0, len(program), 8))
+    words = (struct.unpack_from("=HBBI", program, offset) for offset in range(0, len(program), 8))
+    filters = ", ".join(f"{{{code}, {jt}, {jf}, {k}u}}" for code, jt, jf, k in words)
     lines = ["#include <dlfcn.h>", "#include <linux/filter.h>", "#include <linux/seccomp.h>",
              "#include <stdint.h>", "#include <stdio.h>", "#include <stdlib.h>", "#include <sys/prctl.h>", "",
              f"{task.spec.prototype};", "",

@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")]
 
 # vector_add's own loop, so that run_tests and the profile pass and only the counts are at stake.
 ADD = """

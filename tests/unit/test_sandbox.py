@@ -1,5 +1,6 @@
 """The sandbox layer on its own: identity, capabilities, mounts, limits and the safe read-back."""
 
+import fcntl
 import os
 import socket
 import stat
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kope_mcp import sandbox_files
 from kope_mcp.sandbox import (
     RUN_UID_BASE,
     SandboxLimits,
@@ -126,7 +128,8 @@ def test_read_back_refuses_links_fifos_strangers_and_oversize_files(tmp_path):
         os.close(fd)
 
 
-def test_scratch_folders_of_dead_servers_are_removed_and_live_ones_kept(tmp_path):
+def test_scratch_folders_of_dead_servers_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox_files, "neutral_candidates", lambda: [])
     root = tmp_path / "scratch"
     root.mkdir()
     dead = root / "999999999-abc"
@@ -136,6 +139,32 @@ def test_scratch_folders_of_dead_servers_are_removed_and_live_ones_kept(tmp_path
     live.mkdir()
     assert remove_stale_scratch(root) == 1
     assert not dead.exists() and live.exists()
+
+
+def test_a_tmpfs_scratch_folder_whose_server_is_gone_is_removed_and_a_live_one_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox_files, "neutral_candidates", lambda: [tmp_path])
+    dead, live = tmp_path / "kope-dead", tmp_path / "kope-live"
+    for folder in (dead, live):
+        (folder / "run" / "locked").mkdir(parents=True)
+        (folder / ".lock").touch()
+    (dead / "run" / "locked").chmod(0)
+    held = os.open(live / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another description: to this process's check, a live server's lock
+        assert remove_stale_scratch(tmp_path / "home-scratch") == 1
+    finally:
+        os.close(held)
+    assert not dead.exists() and live.exists()
+
+
+@needs_sandbox
+def test_the_mount_table_of_a_run_names_neither_the_home_nor_the_server(tmp_path):
+    home_scratch = tmp_path / "home" / "scratch"
+    with Scratch(home_scratch) as s:
+        table = sh(s, "cat /proc/self/mountinfo").stdout_tail
+    assert "/kope/run" in table
+    for leak in (str(tmp_path), "scratch", f"{os.getpid()}-"):
+        assert leak not in table
 
 
 def test_a_scratch_folder_is_private_to_the_server(tmp_path):
