@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord
+from kope_mcp.memory.signature import compile_signature
 from kope_mcp.tasks.registry import TaskRegistry
 
-QueryKind = Literal["paraphrase", "natural", "compile_error", "unseen_family", "what_worked_here",
-                    "what_worked_family", "what_worked_other_hw"]
+QueryKind = Literal["paraphrase", "natural", "compile_error", "error_elsewhere", "unseen_family", "what_worked_here",
+                    "what_worked_family", "what_worked_other_hw", "nothing_here_yet"]
 
 HERE = "x86_64/AMD EPYC/2c/avx512f"
 HARDWARE = {
@@ -31,6 +33,8 @@ HARDWARE = {
     "cuda/NVIDIA H100/sm_90": "gpu",
 }
 UNSEEN_FAMILIES = ("scan", "pooling")  # no history at all: questions about them need general knowledge
+# A machine the memory has never seen: what worked on the same task elsewhere is all there is to offer.
+NEW_MACHINE = "x86_64/AMD EPYC 9754/128c/avx512f"
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,36 @@ FIXES: tuple[tuple[str, str, str], ...] = (
      "A loop counter declared inside the omp pragma line did not compile; declare it in the for statement",
      "{file}:{line}:9: error: for statement expected before 'int'"),
 )
+# Compile errors recorded as the workflow records them: a failed attempt (its error signature) and the next attempt
+# that compiled, with the agent's lesson on it. The lesson never names the identifier of the error, and the
+# question pastes the same mistake with other identifiers on a task of another family: only the normalised
+# signature links them. (name, recorded message, asked message, what failed, the lesson)
+ERROR_TRANSFERS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("intrinsics header", "implicit declaration of function '_mm256_fmadd_ps'; did you mean '_mm_fmadd_ps'? "
+     "[-Werror=implicit-function-declaration]", "implicit declaration of function '_mm512_fmadd_ps'; did you mean "
+     "'_mm_fmadd_ps'? [-Werror=implicit-function-declaration]", "FMA through intrinsics",
+     "the vector header was never included: add it at the top and pass the matching -m option"),
+    ("kernel prototype", "conflicting types for 'kernel'; have 'void(const float *, float *, int)'",
+     "conflicting types for 'kernel'; have 'void(const float *, const float *, float *, long int)'",
+     "rewrote the signature", "copy the declaration from the task exactly: sizes are int64_t there"),
+    ("option mismatch", "inlining failed in call to 'always_inline' '_mm512_add_ps': target specific option "
+     "mismatch", "inlining failed in call to 'always_inline' '_mm256_max_ps': target specific option mismatch",
+     "wide SIMD without flags", "the build lacked the ISA switch; adding it to flags resolved the inlining"),
+    ("vector width cast", "incompatible types when initializing type '__m256' using type '__m128'",
+     "incompatible types when initializing type '__m512' using type '__m256'", "mixed register widths",
+     "widen the narrower register with the cast intrinsic instead of plain assignment"),
+    ("lvalue", "lvalue required as left operand of assignment", "lvalue required as left operand of assignment",
+     "pointer arithmetic in a macro", "the macro expanded to an expression; assign through a temporary instead"),
+    ("subscript", "subscripted value is neither array nor pointer nor vector",
+     "subscripted value is neither array nor pointer nor vector", "indexing a scalar accumulator",
+     "the accumulator became a plain float after the refactor; index the array, not the running sum"),
+    ("too many arguments", "too many arguments to function 'horizontal_sum'",
+     "too many arguments to function 'reduce_lanes'", "a helper for the tail",
+     "the helper's declaration lagged behind its definition; declare it once, above its first use"),
+    ("variable-sized init", "variable-sized object may not be initialized",
+     "variable-sized object may not be initialized", "a stack buffer sized by n",
+     "size the buffer with a constant or fill it with a loop after declaring it"),
+)
 GENERAL: tuple[tuple[str, str, str], ...] = (
     ("-O3 -march=native", "Starting every kernel at -O3 -march=native let the compiler vectorise most loops",
      "which compiler options to begin with on a new kernel"),
@@ -143,6 +177,8 @@ class Corpus:
     lessons: list[dict]
     queries: list[Query]
     tasks: list[dict]
+    sessions: list[dict] = field(default_factory=list)
+    attempts: list[dict] = field(default_factory=list)  # parents before children, as an export writes them
 
     def write(self, path: Path, order: str = "as generated", seed: int = 0) -> None:
         """The kope-memory import file; ``order``: 'as generated', 'newest first', 'oldest first', 'shuffled'."""
@@ -158,6 +194,13 @@ class Corpus:
                                  "exported_at": "2026-11-30T00:00:00Z", "counts": {}}) + "\n")
             for task in self.tasks:
                 fh.write(json.dumps({"kind": "task", **task}) + "\n")
+            arch, model, cores, isa = HERE.split("/")
+            fh.write(json.dumps({"kind": "hardware", "key": HERE, "arch": arch, "cpu_model": model,
+                                 "cores": int(cores.rstrip("c")), "isa": json.dumps([isa]), "caches": "{}"}) + "\n")
+            for session in self.sessions:
+                fh.write(json.dumps({"kind": "session", **session}) + "\n")
+            for attempt in self.attempts:
+                fh.write(json.dumps({"kind": "attempt", **attempt}) + "\n")
             for lesson in lessons:
                 fh.write(json.dumps({"kind": "lesson", **lesson}) + "\n")
 
@@ -178,12 +221,12 @@ def generate(size: int, seed: int = 7) -> Corpus:
     queries: list[Query] = []
 
     def lesson(text: str, strategy: str, label: str, *, task: str | None, hw: str | None,
-               speedup: float | None = None) -> str:
+               speedup: float | None = None, attempt: str | None = None) -> str:
         lid = f"x-{rng.randrange(16**12):012x}"  # random, as real ids are: no order to exploit
         lessons.append({
             "lesson_id": lid, "text": text, "strategy": strategy, "task_id": task,
-            "family": family_of.get(task) if task else None, "hardware_key": hw, "target": None,
-            "attempt_id": None, "verified": speedup is not None, "label": label,
+            "family": family_of.get(task) if task else None, "hardware_key": hw, "target": "c" if attempt else None,
+            "attempt_id": attempt, "verified": speedup is not None, "label": label,
             "step_ratio": speedup, "speedup": speedup, "confidence": 0.9 if speedup is not None else 0.3,
             "agent": rng.choice(("claude-desktop 1.4", "cursor 0.52", "kope-bench 1")), "created_at": clock.next(),
         })
@@ -213,6 +256,14 @@ def generate(size: int, seed: int = 7) -> Corpus:
         task = rng.choice(known)
         fixes[name] = (lesson(text, name, "compile_error", task=task, hw=HERE), error, task)
     general = {name: (lesson(text, name, "lesson", task=None, hw=None), asked) for name, text, asked in GENERAL}
+    sessions: list[dict] = []
+    attempts: list[dict] = []
+    transfers = {}
+    for name, recorded, asked, tried, text in ERROR_TRANSFERS:
+        task = rng.choice(known)
+        failed = _error_and_fix(rng, clock, task, family_of[task], recorded, tried, name, sessions, attempts)
+        transfers[name] = (failed, lesson(text, name, "compile_error", task=task, hw=HERE, attempt=failed), asked,
+                           task)
 
     # Noise: what makes retrieval hard (same task and hardware named, measured but within noise; filler).
     while len(lessons) < size:
@@ -254,6 +305,19 @@ def generate(size: int, seed: int = 7) -> Corpus:
         queries.append(Query(f"e{i}", "compile_error", pasted, elsewhere, HERE, {lid}, phase="compile_error"))
         queries.append(Query(f"e{i}b", "compile_error", f"gcc says:\n{pasted}\nhow do I fix this?", elsewhere,
                              HERE, {lid}, phase="compile_error"))
+    for i, (failed, lid, asked, origin) in enumerate(transfers.values()):
+        elsewhere = rng.choice([t for t in known if family_of[t] != family_of[origin]])
+        pasted = f"kernel.c:{rng.randrange(10, 90)}:{rng.randrange(2, 30)}: error: {asked}"
+        question = rng.choice(("{e}", "compile failed:\n{e}", "gcc says:\n{e}\nhow do I fix this?"))
+        queries.append(Query(f"t{i}", "error_elsewhere", question.format(e=pasted), elsewhere, HERE,
+                             {failed, lid}, phase="compile_error"))
+    for i, task in enumerate(rng.sample(sorted({t for t, _ in wins}), 8)):
+        nearby = {lid for (t, hw), found in wins.items() if t == task and hw.split("/")[0] == NEW_MACHINE.split("/")[0]
+                  for lid, _ in found}
+        text = rng.choice(("first run of {t} on this machine: what should I try?",
+                           "nothing measured here for {t} yet, what is worth trying first?"))
+        queries.append(Query(f"h{i}", "nothing_here_yet", text.format(t=task), task, NEW_MACHINE, nearby,
+                             _other_kind(wins, task, HERE)))
     unseen = [t.id for t in tasks if t.spec.family in UNSEEN_FAMILIES]
     for i, (lid, asked) in enumerate(general.values()):
         for j, task in enumerate(rng.sample(unseen, 2)):
@@ -278,7 +342,28 @@ def generate(size: int, seed: int = 7) -> Corpus:
                              {lid for lid, _ in wins[(task, hw)]}, _other_kind(wins, task, hw)))
     task_rows = [{"id": t.id, "family": t.spec.family, "level": t.spec.level, "summary": t.spec.summary}
                  for t in tasks]
-    return Corpus(lessons=lessons, queries=queries, tasks=task_rows)
+    return Corpus(lessons=lessons, queries=queries, tasks=task_rows, sessions=sessions, attempts=attempts)
+
+
+def _error_and_fix(rng: random.Random, clock: _Clock, task: str, family: str, message: str, tried: str, fix: str,
+                   sessions: list[dict], attempts: list[dict]) -> str:
+    """A session where an attempt failed to compile with ``message`` and the next one, its child, compiled and
+    passed: the pair query_experience offers as an error and its fix; the failed attempt's id."""
+    session = f"s-{rng.randrange(16**12):012x}"
+    created = clock.next()
+    sessions.append(SessionRecord(session_id=session, task_id=task, hardware_key=HERE, created_at=created,
+                                  agent=AgentInfo(name="claude-desktop", version="1.4")).model_dump())
+    failed, fixed = (f"k-{rng.randrange(16**12):012x}" for _ in range(2))
+    common = {"session_id": session, "task_id": task, "family": family, "hardware_key": HERE, "target": "c",
+              "flags": ["-O3"], "created_at": created, "agent": "claude-desktop 1.4"}
+    attempts.append(AttemptRecord(kernel_id=failed, build_hash="", source_hash=f"{rng.randrange(16**16):016x}",
+                                  ok=False, strategy=tried, error_signature=compile_signature(message),
+                                  diagnostics_digest=f"12:5 {message}", label="compile_error",
+                                  **common).model_dump())
+    attempts.append(AttemptRecord(kernel_id=fixed, build_hash=f"{rng.randrange(16**16):016x}",
+                                  source_hash=f"{rng.randrange(16**16):016x}", ok=True, parent_id=failed,
+                                  strategy=fix, tested=True, correct=True, **common).model_dump())
+    return failed
 
 
 def _other_kind(wins: dict[tuple[str, str], list[tuple[str, Strategy]]], task: str, hw: str) -> set[str]:

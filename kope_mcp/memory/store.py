@@ -386,6 +386,13 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
             "MATCH (l:Lesson) WHERE (l.task_id IS NULL AND l.family IS NULL) OR l.task_id = $t OR l.family = $f "
             f"RETURN l ORDER BY l.created_at DESC LIMIT {int(limit)}", {"t": task_id or "", "f": family or ""})]
 
+    def lessons_for_attempts(self, kernel_ids: list[str]) -> list[LessonRecord]:
+        if not kernel_ids:
+            return []
+        return [lesson_from_row(r["l"]) for r in self._rows(
+            "UNWIND $ids AS i MATCH (l:Lesson)-[:FROM_ATTEMPT]->(a:Attempt {kernel_id: i}) RETURN l",
+            {"ids": kernel_ids})]
+
     def lessons_for_attempt(self, kernel_id: str) -> list[LessonRecord]:
         return [lesson_from_row(r["l"]) for r in self._rows(
             "MATCH (l:Lesson)-[:FROM_ATTEMPT]->(a:Attempt {kernel_id: $k}) RETURN l ORDER BY l.created_at",

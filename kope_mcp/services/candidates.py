@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kope_mcp.memory.records import AttemptRecord, LessonRecord
+from kope_mcp.memory.signature import compile_signature
 from kope_mcp.models import Phase
 from kope_mcp.services.memory import ExperienceMemory
 from kope_mcp.services.selection_config import Kind, SelectionConfig
+from kope_mcp.targets.diagnostics import parse_diagnostics
 
 MAX_FIX_LOOKUPS = 40
 STRATEGY_MATCH_ATTEMPTS = 10  # attempts taken per strategy whose name matches the query
@@ -36,6 +38,15 @@ class QueryState:
     signature: str | None
     latest: AttemptRecord | None
     incumbent: AttemptRecord | None
+
+
+def pasted_signature(text: str) -> str | None:
+    """The normalised signature of the first compiler error quoted in ``text`` (gcc/clang or nvcc form), the same
+    one a failed compile records: another line, column or identifier gives the same signature."""
+    if "error" not in text:
+        return None
+    first = next((d.message for d in parse_diagnostics(text, "kernel.c") if d.severity == "error"), None)
+    return compile_signature(first)
 
 
 def gather(memory: ExperienceMemory, query: str, state: QueryState, config: SelectionConfig) -> dict[str, Candidate]:
@@ -94,6 +105,10 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
     failing = sorted((a for a in attempts.values() if not a.ok or a.correct is False),
                      key=lambda a: (a.error_signature != state.signature, a.task_id != state.task_id))
     fixes = memory.fixes_of(failing[:MAX_FIX_LOOKUPS]) if failing else {}
+    same_error = [a.kernel_id for a in failing if state.signature and a.error_signature == state.signature]
+    for lesson in memory.lessons_about(same_error[:MAX_FIX_LOOKUPS]):
+        lessons.setdefault(lesson.lesson_id, lesson)
+        reasons.setdefault(lesson.lesson_id, []).append("written about the same error")
     latest_id = state.latest.kernel_id if state.latest is not None else None
     for kid, rec in attempts.items():
         if kid == latest_id:

@@ -20,8 +20,9 @@ _SECTIONS = (
 )
 
 
-def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -> str:
-    """One bullet of compact case fields; ``with_diff`` adds the before/after diff recorded with the attempt."""
+def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False, hardware: str | None = None) -> str:
+    """One bullet of compact case fields; ``with_diff`` adds the before/after diff recorded with the attempt;
+    a measurement made on other hardware than ``hardware`` (the question's) says so."""
     rec = cand.attempt
     where = ""
     if rec is not None:
@@ -29,7 +30,8 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
         # C is the default backend; any other is named, since its code does not transfer line for line.
         where += f" [{rec.target}]" if rec.target != "c" else ""
     if cand.kind == "case" and rec is not None:
-        elsewhere = f"imported from {rec.origin}, untested here: " if rec.origin else ""
+        elsewhere = f"imported from {rec.origin}, untested here: " if rec.origin else \
+            ("other hardware, untested here: " if _measured_elsewhere(rec.hardware_key, hardware) else "")
         head = (f"- [{elsewhere}{rec.label}, step x{rec.step_ratio or 0:.2f}, {rec.speedup or 0:.2f}x vs naive, "
                 f"confidence {rec.confidence:.2f}] {where}: {rec.strategy or 'unnamed change'}; flags "
                 f"{' '.join(rec.flags) or '-'} ({rec.kernel_id}, {rec.hardware_key})")
@@ -54,8 +56,8 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
                 f"{rec.hardware_key}" + (f", imported from {rec.origin}" if rec.origin else "") + ")")
     lesson = cand.lesson
     assert lesson is not None
-    status = (f"verified, {lesson.label}" + (f", {lesson.speedup:.2f}x" if lesson.speedup else "")
-              if lesson.verified else "unverified")
+    status = (f"{_measured_elsewhere(lesson.hardware_key, hardware)}verified, {lesson.label}"
+              + (f", {lesson.speedup:.2f}x" if lesson.speedup else "") if lesson.verified else "unverified")
     if lesson.origin:
         status = f"imported from {lesson.origin}, unverified here" + (
             f": {lesson.label} {lesson.speedup:.2f}x there" if lesson.speedup else "")
@@ -69,6 +71,12 @@ def render_item(cand: Candidate, task_id: str | None, with_diff: bool = False) -
     if lesson.rationale:
         text += f" (why: \"{_one_line(lesson.rationale)}\")"
     return text[:1600]
+
+
+def _measured_elsewhere(measured_on: str | None, asked_for: str | None) -> str:
+    if not measured_on or not asked_for or measured_on == asked_for:
+        return ""
+    return f"measured on {measured_on}, untested here: "
 
 
 def _one_line(text: str) -> str:

@@ -25,7 +25,7 @@ from kope_mcp.memory.selection import (
 from kope_mcp.memory.strategies import strategy_key
 from kope_mcp.memory.tokens import count_tokens, token_counter, truncate_to_tokens
 from kope_mcp.models import ContextItem, MemoryHistory, Phase, QueryResult, RecordResult
-from kope_mcp.services.candidates import Candidate, Kind, QueryState, gather
+from kope_mcp.services.candidates import Candidate, Kind, QueryState, gather, pasted_signature
 from kope_mcp.services.context_render import (
     HotItem,
     attempt_data,
@@ -152,7 +152,7 @@ class ExperienceService:
             warnings.append(f"the query was cut to its first {MAX_QUERY_CHARS} characters")
         if self.memory.index_loading and not self.memory.wait_index(timeout=INDEX_WAIT_S):
             warnings.append("the memory's index is still loading: candidates come from bounded scans this time")
-        state = self._state(task_id, session_id, phase, hardware, backend)
+        state = self._state(task_id, session_id, phase, hardware, backend, query=query)
         candidates = gather(self.memory, query, state, self.config)
         hot = self._hot_items(state)
         scored: dict[str, tuple[Scored, Candidate, str]] = {}
@@ -180,7 +180,7 @@ class ExperienceService:
             if wanted and agent_mode == "prefer" and wanted in by.lower():
                 score = round(score * self.config.preferred_agent_boost, 4)
                 cand.reasons.append("preferred agent")
-            text = render_item(cand, state.task_id)
+            text = render_item(cand, state.task_id, hardware=state.hardware_key)
             scored[cand.item_id] = (Scored(cand.item_id, score, text, count_tokens(text), word_set(text)),
                                     cand, tier)
         hot_tokens = count_tokens(hot_section(hot)) + 1 if hot else 0
@@ -216,7 +216,7 @@ class ExperienceService:
                 remaining -= sum(s.tokens for s in taken)
                 dropped["budget_or_cap"] = dropped.get("budget_or_cap", 0) + len(skipped) + len(rest)
                 chosen += [(s, scored[s.item_id][1], tier) for s in taken]
-            self._add_diffs(chosen, state.task_id, remaining - SECTION_HEADER_RESERVE)
+            self._add_diffs(chosen, state.task_id, remaining - SECTION_HEADER_RESERVE, state.hardware_key)
         context, items, used = render_context(hot, chosen, token_budget)
         semantic = self.memory.semantic_ready
         if not semantic:
@@ -256,19 +256,20 @@ class ExperienceService:
         return MemoryHistory(context=text, items=items, tokens=count_tokens(text),
                              token_encoding=token_counter().encoding)
 
-    def _add_diffs(self, chosen: list[tuple[Scored, Candidate, str]], task_id: str | None, spare: int) -> None:
+    def _add_diffs(self, chosen: list[tuple[Scored, Candidate, str]], task_id: str | None, spare: int,
+                   hardware: str | None = None) -> None:
         """Give the best chosen cases and fixes their before/after diff while the spare budget allows."""
         for scored, cand, _ in sorted(chosen, key=lambda item: -item[0].score):
             if not has_diff(cand) or spare <= 0:
                 continue
-            text = render_item(cand, task_id, with_diff=True)
+            text = render_item(cand, task_id, with_diff=True, hardware=hardware)
             extra = count_tokens(text) - scored.tokens
             if 0 < extra <= spare:
                 scored.text, scored.tokens = text, scored.tokens + extra
                 spare -= extra
 
     def _state(self, task_id: str | None, session_id: str | None, phase: Phase | None,
-               hardware: str | None, backend: str | None = None) -> QueryState:
+               hardware: str | None, backend: str | None = None, query: str = "") -> QueryState:
         latest = incumbent = None
         if session_id:
             session = self.memory.session(session_id)
@@ -282,6 +283,11 @@ class ExperienceService:
             inferred = ("compile_error" if not latest.ok else
                         "incorrect" if latest.tested and not latest.correct else "optimize")
         signature = latest.error_signature if latest is not None and inferred != "optimize" else None
+        if signature is None and phase in (None, "compile_error"):
+            # An error pasted into the question: its fix recorded on any task, in any family, is what transfers.
+            signature = pasted_signature(query)
+            if signature is not None and latest is None:
+                inferred = "compile_error"
         target = backend or (latest.target if latest is not None else None)
         target_key = None
         if backend is not None:

@@ -327,6 +327,10 @@ class ExperienceMemory:
     def lessons_by_id(self, lesson_ids: list[str]) -> list[LessonRecord]:
         return self.index.lessons(lesson_ids) if self.index.loaded else self.store.lessons_by_id(lesson_ids)
 
+    def lessons_about(self, kernel_ids: list[str]) -> list[LessonRecord]:
+        """The lessons recorded on these attempts (an agent's account of how an error was fixed, say)."""
+        return self.store.lessons_for_attempts(kernel_ids)
+
     def latest_in_session(self, session_id: str) -> AttemptRecord | None:
         if self.index.loaded:
             latest = self.index.latest_in_session(session_id)

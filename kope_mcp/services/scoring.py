@@ -74,7 +74,9 @@ def score(cand: Candidate, state: QueryState, config: SelectionConfig) -> tuple[
 
 
 def fixes_the_error(lesson: LessonRecord, cand: Candidate, state: QueryState, config: SelectionConfig) -> bool:
-    """A lesson recorded about a failure, asked about a failure, whose words match the question: the account of
-    how that error was mended, whatever task or family it came from."""
+    """A lesson recorded about a failure, asked about a failure, whose words match the question or whose attempt
+    failed with the same error signature: the account of how that error was mended, whatever task or family it
+    came from."""
     return (state.phase in ("compile_error", "incorrect") and lesson.label in ("compile_error", "incorrect")
-            and max(cand.bm25, cand.cosine) >= config.fix_text_match)
+            and (max(cand.bm25, cand.cosine) >= config.fix_text_match
+                 or "written about the same error" in cand.reasons))

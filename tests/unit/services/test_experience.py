@@ -77,6 +77,34 @@ def test_a_session_stuck_on_a_compile_error_gets_the_fix_for_the_same_signature(
     assert answer.items[0].tier == "hot" and answer.items[0].kind == "target"
 
 
+def test_an_error_pasted_on_a_task_of_another_family_gets_the_fix_recorded_with_the_same_signature(world):
+    ids, service = world
+    lesson = service.record_experience("declare the accumulator", "the running sum lost its declaration in the "
+                                       "refactor; declare it before the loop", kernel_id=ids["broken"])
+    # Another identifier, line and column, on an elementwise task: no words in common with the lesson.
+    pasted = "gcc says:\nkernel.c:31:9: error: 'acc' undeclared (first use in this function)\nwhat now?"
+    answer = service.query_experience(pasted, task_id="relu", token_budget=1200)
+    assert answer.phase == "compile_error"
+    by_id = {i.id: i for i in answer.items}
+    assert ids["broken"] in by_id and by_id[ids["broken"]].kind == "fix"
+    assert "same error signature" in by_id[ids["broken"]].why
+    assert lesson.experience_id in by_id and "written about the same error" in by_id[lesson.experience_id].why
+    # Without the pasted error the same question on that task offers no fix.
+    plain = service.query_experience("what now?", task_id="relu", token_budget=1200)
+    assert not any(i.kind == "fix" for i in plain.items)
+
+
+def test_on_a_machine_with_no_history_wins_measured_elsewhere_are_offered_as_untested_here(world, workbench):
+    ids, service = world
+    here = workbench.store.attempt(ids["fast"]).hardware_key
+    answer = service.query_experience("first run on this box: what is worth trying?", task_id="sum_reduce",
+                                      hardware="x86_64/Some New CPU/96c/avx512f", token_budget=2000)
+    by_id = {i.id: i for i in answer.items}
+    assert ids["fast"] in by_id and by_id[ids["fast"]].tier == "cold"
+    assert "other hardware, untested here: effective" in answer.context
+    assert f"[measured on {here}, untested here: verified, effective" in answer.context
+
+
 def test_a_correct_but_slow_session_gets_the_best_measured_strategies(world, workbench):
     ids, service = world
     slow = workbench.compile_kernel("sum_reduce", workbench.tasks.get("sum_reduce").baseline_source)
