@@ -24,12 +24,6 @@ Label = Literal["effective", "partial", "ineffective", "negative", "incorrect", 
 EFFECTIVE, PARTIAL, INEFFECTIVE = 1.05, 1.0, 0.85
 DOWNSTREAM_SELF, DOWNSTREAM_CHILD, DOWNSTREAM_DECAY = 0.5, 0.5, 0.7
 
-# Order used when ranking by label bucket: measured wins first, measured losses (pitfalls) after.
-LABEL_PRIOR: dict[str, float] = {
-    "effective": 1.0, "partial": 0.7, "unmeasured": 0.45, "ineffective": 0.4, "negative": 0.35,
-    "incorrect": 0.3, "compile_error": 0.3, "lesson": 0.5,
-}
-
 
 def step_ratio(speedup: float, predecessor_speedup: float | None) -> float:
     base = predecessor_speedup if predecessor_speedup and predecessor_speedup > 0 else 1.0

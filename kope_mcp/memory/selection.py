@@ -1,18 +1,7 @@
 """Active context selection maths: token estimates, maximal marginal relevance, and budgeted packing.
 
-Caps (the paper gives no values; these are ours, and why):
-- the hot tier (target, incumbent, latest feedback) always goes first: without it the agent does not know
-  where it stands;
-- the warm tier (this task or family, this hardware, this error) gets at most 70% of what is left after the hot
-  tier and at most 12 items: beyond that the marginal item repeats what the first ones said;
-- the cold tier (other families, other hardware) gets the rest, at most 6 items: it is there for feasibility
-  ("this worked elsewhere"), not as the main evidence;
-- MMR with lambda 0.7 keeps relevance first but drops an item whose text is >= 0.9 similar to one already taken;
-- coverage: the warm tier keeps room for the best pitfalls of up to 3 distinct strategies (a failure costs one
-  line and saves a whole attempt, yet ranked by outcome alone wins crowd it out: measured in `kope bench`, a
-  start context without pitfalls let the agent repeat failures nearly as often as with no memory), and any one
-  strategy gets at most 2 items per tier (the third "fast math worked on X" says nothing new, and the slot goes
-  to a strategy the agent has not heard about).
+Pure functions; every cap and weight they take comes from ``services/selection_config.SelectionConfig``, where
+the values and the reasons for them are written down.
 """
 
 from __future__ import annotations
@@ -23,14 +12,6 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 import numpy as np
-
-WARM_SHARE = 0.7
-WARM_MAX_ITEMS = 12
-COLD_MAX_ITEMS = 6
-PITFALL_MIN_ITEMS = 3
-STRATEGY_MAX_ITEMS = 2
-MMR_LAMBDA = 0.7
-NEAR_DUPLICATE = 0.9
 
 _TOKEN = re.compile(r"[a-z0-9_]+")
 
@@ -52,9 +33,10 @@ class Scored:
     words: frozenset[str] = field(default_factory=frozenset)
 
 
-def mmr_order(items: list[Scored], similarity: np.ndarray, limit: int
-              ) -> tuple[list[Scored], list[Scored], list[Scored]]:
-    """Greedy MMR over a precomputed similarity matrix, stopping after ``limit`` picks (O(limit * n)).
+def mmr_order(items: list[Scored], similarity: np.ndarray, limit: int, *, relevance_weight: float,
+              near_duplicate: float) -> tuple[list[Scored], list[Scored], list[Scored]]:
+    """Greedy MMR over a precomputed similarity matrix, stopping after ``limit`` picks (O(limit * n)); an item at
+    least ``near_duplicate`` similar to one already picked is set aside.
 
     Returns (picked in order, near-duplicates of a picked item, the rest never reached).
     """
@@ -68,10 +50,10 @@ def mmr_order(items: list[Scored], similarity: np.ndarray, limit: int
     chosen: list[Scored] = []
     duplicates: list[Scored] = []
     while open_.any() and len(chosen) < limit:
-        value = np.where(open_, MMR_LAMBDA * relevance - (1 - MMR_LAMBDA) * max_sim, -np.inf)
+        value = np.where(open_, relevance_weight * relevance - (1 - relevance_weight) * max_sim, -np.inf)
         best = int(np.argmax(value))
         open_[best] = False
-        if chosen and max_sim[best] >= NEAR_DUPLICATE:
+        if chosen and max_sim[best] >= near_duplicate:
             duplicates.append(items[best])
             continue
         chosen.append(items[best])
@@ -96,16 +78,16 @@ def similarity_matrix(items: list[Scored], vectors: list[np.ndarray | None]) -> 
     return sim
 
 
-def cover(ordered: list[Scored], strategy_of: Mapping[str, str | None], pitfalls: Set[str]
-          ) -> tuple[list[Scored], list[Scored]]:
-    """Reorder a ranked list for coverage: the best pitfalls (ids in `pitfalls`) of up to PITFALL_MIN_ITEMS
-    distinct strategies first, then everything else in rank order, at most STRATEGY_MAX_ITEMS items per strategy
+def cover(ordered: list[Scored], strategy_of: Mapping[str, str | None], pitfalls: Set[str], *, pitfall_min: int,
+          per_strategy: int) -> tuple[list[Scored], list[Scored]]:
+    """Reorder a ranked list for coverage: the best pitfalls (ids in `pitfalls`) of up to ``pitfall_min``
+    distinct strategies first, then everything else in rank order, at most ``per_strategy`` items per strategy
     (items without a strategy are not capped). Returns (reordered, left out by the per-strategy cap)."""
     first: list[Scored] = []
     failing: set[str | None] = set()
     for item in ordered:
         key = strategy_of.get(item.item_id)
-        if len(first) < PITFALL_MIN_ITEMS and item.item_id in pitfalls and key not in failing:
+        if len(first) < pitfall_min and item.item_id in pitfalls and key not in failing:
             first.append(item)
             failing.add(key)
     taken = {item.item_id for item in first}
@@ -116,7 +98,7 @@ def cover(ordered: list[Scored], strategy_of: Mapping[str, str | None], pitfalls
         if item.item_id in taken:
             continue
         key = strategy_of.get(item.item_id)
-        if key is not None and counts[key] >= STRATEGY_MAX_ITEMS:
+        if key is not None and counts[key] >= per_strategy:
             capped.append(item)
             continue
         counts[key] += 1

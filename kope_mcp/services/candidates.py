@@ -12,9 +12,6 @@ from kope_mcp.services.memory import ExperienceMemory
 from kope_mcp.services.selection_config import Kind, SelectionConfig
 from kope_mcp.targets.diagnostics import parse_diagnostics
 
-MAX_FIX_LOOKUPS = 40
-STRATEGY_MATCH_ATTEMPTS = 10  # attempts taken per strategy whose name matches the query
-
 
 @dataclass
 class Candidate:
@@ -83,7 +80,7 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
     bm25 = {item_id: score / top_bm25 for kind, item_id, score in hits if kind == "lesson"}
     # A strategy that matches the query lends its score to the attempts that applied it.
     for _, strategy_id, score in sorted((h for h in hits if h[0] == "strategy"), key=lambda h: -h[2])[:5]:
-        for rec in memory.attempts_for_strategy(strategy_id, STRATEGY_MATCH_ATTEMPTS):
+        for rec in memory.attempts_for_strategy(strategy_id, config.strategy_match_attempts):
             attempts.setdefault(rec.kernel_id, rec)
             reasons.setdefault(rec.kernel_id, []).append("strategy matches the query")
             bm25[rec.kernel_id] = max(bm25.get(rec.kernel_id, 0.0), score / top_bm25)
@@ -104,9 +101,9 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
     # Fixes matter for failures like the current one: same error signature first, then the same task.
     failing = sorted((a for a in attempts.values() if not a.ok or a.correct is False),
                      key=lambda a: (a.error_signature != state.signature, a.task_id != state.task_id))
-    fixes = memory.fixes_of(failing[:MAX_FIX_LOOKUPS]) if failing else {}
+    fixes = memory.fixes_of(failing[:config.max_fix_lookups]) if failing else {}
     same_error = [a.kernel_id for a in failing if state.signature and a.error_signature == state.signature]
-    for lesson in memory.lessons_about(same_error[:MAX_FIX_LOOKUPS]):
+    for lesson in memory.lessons_about(same_error[:config.max_fix_lookups]):
         lessons.setdefault(lesson.lesson_id, lesson)
         reasons.setdefault(lesson.lesson_id, []).append("written about the same error")
     latest_id = state.latest.kernel_id if state.latest is not None else None

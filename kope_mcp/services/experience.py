@@ -12,9 +12,6 @@ from kope_mcp.hardware import detect_hardware
 from kope_mcp.memory.outcome import UNVERIFIED_CONFIDENCE
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord
 from kope_mcp.memory.selection import (
-    COLD_MAX_ITEMS,
-    WARM_MAX_ITEMS,
-    WARM_SHARE,
     Scored,
     cover,
     mmr_order,
@@ -173,7 +170,8 @@ class ExperienceService:
             tier, score = tier_score
             repeats = failures[strategy_of[cand.item_id]] if cand.kind == "pitfall" else 0
             if repeats > 1:
-                score = round(score * min(2.0, 1.0 + 0.25 * (repeats - 1)), 4)
+                boost = 1.0 + self.config.repeated_failure_step * (repeats - 1)
+                score = round(score * min(self.config.repeated_failure_cap, boost), 4)
                 cand.reasons.append(f"{repeats} failures with this strategy")
             if by:
                 cand.reasons.append(f"by {by}")
@@ -192,15 +190,18 @@ class ExperienceService:
             dropped["budget"] = dropped.get("budget", 0) + len(scored)
         else:
             remaining = token_budget - hot_tokens
-            for tier, cap, share in (("warm", WARM_MAX_ITEMS, WARM_SHARE), ("cold", COLD_MAX_ITEMS, 1.0)):
+            config = self.config
+            for tier, cap, share in (("warm", config.warm_max_items, config.warm_share),
+                                     ("cold", config.cold_max_items, 1.0)):
                 ranked = sorted((s for s, _, t in scored.values() if t == tier), key=lambda s: (-s.score, s.item_id))
                 # MMR reaches a few times the cap at most: pairwise similarity for the best mmr_pool_per_item * cap
                 # only (the whole pool was O(n^2): ~20 ms a query at 50k lessons).
                 reach = self.config.mmr_pool_per_item * cap
                 pool, beyond = ranked[:reach], ranked[reach:]
                 sim = similarity_matrix(pool, [self.memory.vectors.vector(s.item_id) for s in pool])
-                # Look at a few times the cap so packing can still skip items that do not fit.
-                ordered, duplicates, rest = mmr_order(pool, sim, limit=3 * cap)
+                ordered, duplicates, rest = mmr_order(pool, sim, limit=config.mmr_picks_per_item * cap,
+                                                      relevance_weight=config.mmr_lambda,
+                                                      near_duplicate=config.near_duplicate)
                 rest += beyond
                 dropped["near_duplicate"] = dropped.get("near_duplicate", 0) + len(duplicates)
                 pitfalls: set[str] = set()
@@ -209,7 +210,8 @@ class ExperienceService:
                     pitfalls = {s.item_id for s in pool if scored[s.item_id][1].kind == "pitfall"}
                     ordered += [s for s in rest if s.item_id in pitfalls]
                     rest = [s for s in rest if s.item_id not in pitfalls]
-                ordered, capped = cover(ordered, strategy_of, pitfalls)
+                ordered, capped = cover(ordered, strategy_of, pitfalls, pitfall_min=config.pitfall_min_items,
+                                        per_strategy=config.strategy_max_items)
                 dropped["same_strategy"] = dropped.get("same_strategy", 0) + len(capped)
                 budget = int(remaining * share) if tier == "warm" else remaining
                 taken, skipped = pack(ordered, budget, cap)

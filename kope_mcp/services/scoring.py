@@ -3,7 +3,7 @@ question and the state, times what was measured, times the phase's and the hardw
 
 from __future__ import annotations
 
-from kope_mcp.memory.outcome import LABEL_PRIOR, gain_factor
+from kope_mcp.memory.outcome import gain_factor
 from kope_mcp.memory.records import LessonRecord
 from kope_mcp.memory.retrieval_index import hardware_rank
 from kope_mcp.services.candidates import Candidate, QueryState
@@ -29,19 +29,22 @@ def score(cand: Candidate, state: QueryState, config: SelectionConfig) -> tuple[
     relevance += config.same_task_bonus if same_task else config.same_family_bonus if same_family else 0.0
     relevance += config.same_signature_bonus if same_sig else 0.0
     if cand.kind == "case" and rec is not None:
-        quality = LABEL_PRIOR[rec.label] * (0.5 + min(rec.downstream, 3.0) / 3.0) * max(rec.confidence, 0.1)
+        credit = min(rec.downstream, config.downstream_cap) / config.downstream_cap
+        quality = config.label_prior[rec.label] * (0.5 + credit) * max(rec.confidence, config.min_confidence)
     elif cand.kind == "fix":
         quality = config.fix_quality
     elif cand.kind == "pitfall" and rec is not None:
-        # A kernel that broke is the pitfall worth a line; "slower" is measured, "no gain" says least.
         broken = not rec.ok or rec.correct is False
-        quality = 0.6 if broken else (0.45 if rec.label == "negative" else 0.3) * rec.confidence
+        weights = config.pitfall_quality
+        quality = weights["broken"] if broken else \
+            weights["negative" if rec.label == "negative" else "ineffective"] * rec.confidence
     elif lesson is not None and fixes_the_error(lesson, cand, state, config):
         quality = config.fix_quality
     elif lesson is not None:
         measured = lesson.verified or lesson.speedup is not None
-        quality = (LABEL_PRIOR.get(lesson.label, 0.5) if measured else LABEL_PRIOR["lesson"]) * \
-            max(lesson.confidence, 0.1)
+        prior = config.label_prior
+        quality = (prior.get(lesson.label, prior["lesson"]) if measured else prior["lesson"]) * \
+            max(lesson.confidence, config.min_confidence)
         if config.lesson_gain and lesson.label in ("effective", "partial") and lesson.speedup is not None:
             quality *= 2 * gain_factor(lesson.speedup)  # a 6x win says more than a 1.02x tweak
     else:
@@ -49,7 +52,7 @@ def score(cand: Candidate, state: QueryState, config: SelectionConfig) -> tuple[
     fix_like = cand.kind == "fix" or (lesson is not None and quality == config.fix_quality)
     multiplier = config.phase_weights[state.phase]["fix" if fix_like else cand.kind]
     if (same_sig or fix_like) and cand.kind in ("fix", "pitfall", "lesson"):
-        multiplier *= 2.0
+        multiplier *= config.error_match_multiplier
     multiplier *= config.hardware_weight[hw_rank]
     if other_target:
         multiplier *= config.other_target_weight

@@ -1,9 +1,26 @@
-"""Every weight of query_experience's active selection in one object, with named presets.
+"""Every weight, cap and threshold of query_experience's active selection in one object, with named presets.
 
 The pipeline is candidates -> scores -> selection -> rendering (services/candidates.py, services/scoring.py,
-services/experience.py, services/context_render.py); each stage reads its knobs from a ``SelectionConfig``, so
-a benchmark compares configurations without editing code: ``KOPE_SELECTION=recency`` (a preset name) or
-``KOPE_SELECTION=/path/to/config.json`` (any fields; the rest from the default).
+services/experience.py with memory/selection.py's maths, services/context_render.py); each stage reads its knobs
+from a ``SelectionConfig`` and has none of its own, so a benchmark compares configurations without editing code:
+``KOPE_SELECTION=recency`` (a preset name) or ``KOPE_SELECTION=/path/to/config.json`` (any fields; the rest from
+the default).
+
+Caps (the paper gives no values; these are ours, and why):
+- the hot tier (target, incumbent, latest feedback) always goes first: without it the agent does not know
+  where it stands;
+- the warm tier (this task or family, this hardware, this error) gets at most ``warm_share`` (70%) of what is left
+  after the hot tier and at most ``warm_max_items`` (12): beyond that the marginal item repeats what the first
+  ones said;
+- the cold tier (other families, other hardware, other homes) gets the rest, at most ``cold_max_items`` (6): it
+  is there for feasibility ("this worked elsewhere"), not as the main evidence;
+- MMR with ``mmr_lambda`` 0.7 keeps relevance first but drops an item whose text is >= ``near_duplicate`` (0.9)
+  similar to one already taken;
+- coverage: the warm tier keeps room for the best pitfalls of up to ``pitfall_min_items`` (3) distinct strategies
+  (a failure costs one line and saves a whole attempt, yet ranked by outcome alone wins crowd it out: measured in
+  `kope bench`, a start context without pitfalls let the agent repeat failures nearly as often as with no memory),
+  and any one strategy gets at most ``strategy_max_items`` (2) per tier (the third "fast math worked on X" says
+  nothing new, and the slot goes to a strategy the agent has not heard about).
 """
 
 from __future__ import annotations
@@ -43,6 +60,9 @@ class SelectionConfig(BaseModel):
         "hardware first, or the newest (the behaviour before issue 16).")
     text_query_has_task: bool = Field(False, description="Add the task id to the BM25 query (every lesson naming "
                                       "the task then matches).")
+    max_fix_lookups: int = Field(40, description="Failed attempts whose fixes (and lessons) are looked up.")
+    strategy_match_attempts: int = Field(10, description="Attempts taken per strategy whose name matches the "
+                                         "query.")
     # --- scores: relevance ---
     base_relevance: float = 0.1
     bm25_weight: float = 0.4
@@ -51,6 +71,23 @@ class SelectionConfig(BaseModel):
     same_family_bonus: float = 0.3
     same_signature_bonus: float = 1.0
     # --- scores: quality and multipliers ---
+    label_prior: dict[str, float] = Field(
+        default_factory=lambda: {"effective": 1.0, "partial": 0.7, "unmeasured": 0.45, "ineffective": 0.4,
+                                 "negative": 0.35, "incorrect": 0.3, "compile_error": 0.3, "lesson": 0.5},
+        description="Quality by measured label: wins first, measured losses (pitfalls) after; 'lesson' for words "
+                    "nobody measured.")
+    downstream_cap: float = Field(3.0, description="A case's quality grows with the later wins built on it, up to "
+                                  "this much downstream credit (x0.5 with none, x1.5 at the cap).")
+    min_confidence: float = Field(0.1, description="The floor of a measurement's confidence in a quality.")
+    pitfall_quality: dict[str, float] = Field(
+        default_factory=lambda: {"broken": 0.6, "negative": 0.45, "ineffective": 0.3},
+        description="A kernel that broke is the pitfall worth a line; 'slower' (negative) is measured, 'no gain' "
+                    "(ineffective) says least (the last two times the confidence).")
+    error_match_multiplier: float = Field(2.0, description="A fix, pitfall or lesson for the error at hand.")
+    repeated_failure_step: float = Field(0.25, description="A pitfall whose strategy failed on N kernels: "
+                                         "x(1 + step (N - 1)), up to repeated_failure_cap; a pattern, not an "
+                                         "accident.")
+    repeated_failure_cap: float = 2.0
     lesson_gain: bool = Field(True, description="A lesson with a measured speedup weighs by it (6x > 1.02x).")
     fix_quality: float = Field(0.8, description="A recorded fix for the error at hand.")
     fix_text_match: float = Field(0.3, description="A failure lesson answers an error when its BM25 or cosine "
@@ -66,8 +103,17 @@ class SelectionConfig(BaseModel):
     phase_weights: dict[str, dict[str, float]] = Field(
         default_factory=lambda: {phase: dict(weights) for phase, weights in _PHASE_WEIGHTS.items()},
         description="Per phase, the weight of each kind of item (case, fix, pitfall, lesson).")
-    # --- selection ---
+    # --- selection (see the module's docstring for why these values) ---
+    warm_share: float = 0.7
+    warm_max_items: int = 12
+    cold_max_items: int = 6
+    pitfall_min_items: int = 3
+    strategy_max_items: int = 2
+    mmr_lambda: float = 0.7
+    near_duplicate: float = 0.9
     mmr_pool_per_item: int = Field(4, description="MMR considers the best N x the tier's item cap.")
+    mmr_picks_per_item: int = Field(3, description="MMR picks up to N x the tier's cap, so that packing can still "
+                                    "skip items that do not fit.")
 
 
 PRESETS: dict[str, SelectionConfig] = {
