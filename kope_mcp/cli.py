@@ -7,9 +7,12 @@ import os
 import sys
 import textwrap
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kope_mcp.bench.command import add_bench_parser, run_bench_command
+
+if TYPE_CHECKING:
+    from kope_mcp.settings import KopeSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,9 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     memory = sub.add_parser("memory", help="inspect and move the experience memory under KOPE_HOME")
     memory.add_argument("action", choices=["stats", "show", "export", "import"])
     memory.add_argument("target", nargs="?", help="an id for `show`, a .jsonl file for `export`/`import`")
+    memory.add_argument("--reverify", action="store_true",
+                        help="import: re-measure here every imported win (compile, run_tests and profile each in "
+                             "the sandbox) and record the local verdict beside the imported one")
     args = parser.parse_args(argv)
     if args.command == "memory":
-        return _memory(args.action, args.target)
+        if args.reverify and args.action != "import":
+            parser.error("--reverify goes with `kope memory import FILE`")
+        return _memory(args.action, args.target, args.reverify)
     if args.command == "serve":
         return _serve(args)
     if args.command == "daemon":
@@ -318,7 +326,7 @@ def _free_home(home: Any, purpose: str) -> str | None:
     return None
 
 
-def _memory(action: str, target: str | None) -> int:
+def _memory(action: str, target: str | None, reverify: bool = False) -> int:
     import json
     from pathlib import Path
 
@@ -376,11 +384,37 @@ def _memory(action: str, target: str | None) -> int:
             if report.unhashed:
                 print(f"note: {report.unhashed} records carry no sha256 (an export from before hashes); taken as "
                       "they are", file=sys.stderr)
+            if reverify and not report.origin:
+                print("--reverify: this home's own export: its measurements were made here already")
+            elif reverify:
+                return _reverify(settings, report.origin)
     except (KopeError, OSError) as exc:
         print(exc, file=sys.stderr)
         return 2
     finally:
         memory.store.close()
+    return 0
+
+
+def _reverify(settings: KopeSettings, origin: str) -> int:
+    from kope_mcp.memory.embedder import BackgroundEmbedder
+    from kope_mcp.memory.store import KuzuExperienceStore
+    from kope_mcp.services.memory import ExperienceMemory
+    from kope_mcp.services.reverify import imported_wins, reverify
+    from kope_mcp.services.workbench import Workbench
+
+    workbench = Workbench(settings, memory=ExperienceMemory(KuzuExperienceStore(settings.memory_path),
+                                                             BackgroundEmbedder(enabled=False)))
+    try:
+        wins = imported_wins(workbench, origin)
+        print(f"--reverify: {len(wins)} imported wins to measure here (compile, run_tests, profile each)", flush=True)
+        for r in reverify(workbench, wins, progress=lambda line: print("  " + line, flush=True)):
+            here = "no verdict" if r.here_label is None else r.here_label + (
+                f" {r.here_speedup:.2f}x" if r.here_speedup is not None else "")
+            print(f"{r.imported_id} ({r.task_id}): imported {r.there}; here {here}"
+                  + (f" as {r.here_id}" if r.here_id else "") + (f" ({r.note})" if r.note else ""))
+    finally:
+        workbench.store.close()
     return 0
 
 

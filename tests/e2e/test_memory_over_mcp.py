@@ -224,3 +224,17 @@ def test_a_memory_imported_from_another_home_is_served_as_evidence_from_there_an
     assert served["tier"] == "cold" and served["origin"].startswith("home ")
     assert "untested here" in answer["context"][served["span"][0]:served["span"][1]]
     assert not any(item["tier"] == "warm" and item["kind"] == "case" for item in answer["items"])
+
+    # --reverify measures the imported win here (the edited line, kept as suspect, is not a win to re-measure):
+    # the local verdict is an attempt of this home, with a note naming the imported one.
+    capsys.readouterr()
+    assert main(["memory", "import", str(export), "--reverify"]) == 0
+    said = capsys.readouterr().out
+    assert "--reverify: 1 imported wins to measure here" in said
+    line = next(x for x in said.splitlines() if x.startswith(f"{compiled.kernel_id} (matmul): imported effective"))
+    local_id = line.split(" as ")[1].split()[0]
+    home = Workbench(make_settings(home_b))
+    local = home.store.attempt(local_id)
+    assert local.origin == "" and local.ok and local.correct and local.speedup is not None
+    assert f"here {local.label}" in line
+    assert any(compiled.kernel_id in note.text for note in home.store.lessons_for_attempt(local_id))

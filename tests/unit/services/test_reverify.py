@@ -1,0 +1,50 @@
+"""`kope memory import --reverify`: an imported win is measured again here, and only that measurement teaches."""
+
+import json
+
+import pytest
+
+from kope_mcp.services.experience import ExperienceService
+from kope_mcp.services.memory_admin import _line_hash, export_memory, import_memory
+from kope_mcp.services.reverify import imported_wins, reverify
+from kope_mcp.services.workbench import Workbench
+from tests.conftest import VECTOR_ADD_OK, make_settings
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_forged_import_whose_hash_was_recomputed_is_measured_here_for_what_it_is(workbench, tmp_path):
+    naive = workbench.compile_kernel("vector_add", VECTOR_ADD_OK, strategy="plain loop")
+    assert workbench.run_tests(naive.kernel_id).passed
+    workbench.profile_kernel(naive.kernel_id, time_reference=False)
+    path = tmp_path / "memory.jsonl"
+    export_memory(workbench.memory, path, home_id="home-a")
+    # A forger who read the code: the naive loop becomes a 55x win, and the line's hash is computed again.
+    lines = path.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if f'"kernel_id":"{naive.kernel_id}"' in line)
+    row = json.loads(lines[at]) | {"label": "effective", "speedup": 55.0, "speedup_ci_low": 50.0,
+                                   "confidence": 0.99, "suspect": False, "noisy": False}
+    kind = row.pop("kind")
+    row["sha256"] = _line_hash(kind, row)
+    lines[at] = json.dumps({"kind": kind, **row}, separators=(",", ":"))
+    path.write_text("\n".join(lines) + "\n")
+
+    other = Workbench(make_settings(tmp_path / "home-b"), workbench.tasks)
+    report = import_memory(other.memory, path, home_id="home-b")
+    assert not report.edited  # the hash cannot tell: only a measurement here can
+    wins = imported_wins(other, report.origin)
+    assert [w.kernel_id for w in wins] == [naive.kernel_id]
+
+    [result] = reverify(other, wins)
+    assert result.here_id and result.here_id != naive.kernel_id
+    assert result.there.startswith("effective 55.00x") and report.origin in result.there
+    here = other.store.attempt(result.here_id)
+    assert here.origin == "" and here.label == result.here_label != "effective", result
+    assert here.speedup is not None and here.speedup < 3.0
+    # The imported attempt keeps what it claimed, as evidence from elsewhere; the pair is found together.
+    assert other.store.attempt(naive.kernel_id).speedup == 55.0
+    [note] = other.store.lessons_for_attempt(result.here_id)
+    assert naive.kernel_id in note.text and "55.00x" in note.text and note.verified == here.teaches
+    answer = ExperienceService(other.memory, other.tasks).query_experience(
+        "what worked for vector add here?", task_id="vector_add", token_budget=3000)
+    assert not any(i.tier == "warm" and i.kind == "case" and i.label == "effective" for i in answer.items)
