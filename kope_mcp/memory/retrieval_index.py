@@ -80,6 +80,7 @@ class RetrievalIndex:
         self._lessons_by_task: dict[str, dict[str | None, _Ranked]] = {}
         self._lessons_by_family: dict[str, dict[str | None, _Ranked]] = {}
         self._general_lessons: dict[str | None, _Ranked] = {}
+        self._lessons_by_attempt: dict[str, list[str]] = {}
 
     @property
     def loaded(self) -> bool:
@@ -154,6 +155,8 @@ class RetrievalIndex:
             if lesson.lesson_id in self._lessons:
                 return  # lessons are never edited: the same id is the same lesson
             self._lessons[lesson.lesson_id] = lesson
+            if lesson.attempt_id:
+                self._lessons_by_attempt.setdefault(lesson.attempt_id, []).append(lesson.lesson_id)
             key = (lesson_evidence(lesson.label, lesson.speedup, lesson.confidence), lesson.lesson_id)
             groups = []
             if lesson.task_id:
@@ -230,6 +233,10 @@ class RetrievalIndex:
                     if taken >= share:
                         break
             return list(picked.values())
+
+    def lessons_about(self, kernel_ids: Iterable[str]) -> list[LessonRecord]:
+        with self._lock:
+            return [self._lessons[i] for k in kernel_ids for i in self._lessons_by_attempt.get(k, ())]
 
     def lessons(self, lesson_ids: Iterable[str]) -> list[LessonRecord]:
         with self._lock:

@@ -35,6 +35,7 @@ class QueryState:
     signature: str | None
     latest: AttemptRecord | None
     incumbent: AttemptRecord | None
+    signature_pasted: bool = False  # read from the question's own text, not from the session's latest attempt
 
 
 def pasted_signature(text: str) -> str | None:
@@ -60,8 +61,9 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
 
     # Not the task id: every lesson naming the task would match it, and the task's lessons are candidates
     # by scope already; BM25 is for the words of the question.
-    text_query = " ".join(p for p in (query, state.task_id if config.text_query_has_task else None, state.signature)
-                          if p)
+    # A signature read from the question itself repeats its words: BM25's cost grows with them, its ranking not.
+    signature = state.signature if state.signature and not state.signature_pasted else None
+    text_query = " ".join(p for p in (query, state.task_id if config.text_query_has_task else None, signature) if p)
     limit = config.candidates_per_source
     if state.task_id:
         add_attempts(memory.attempts_for_task(state.task_id, limit), "same task")

@@ -285,10 +285,12 @@ class ExperienceService:
             inferred = ("compile_error" if not latest.ok else
                         "incorrect" if latest.tested and not latest.correct else "optimize")
         signature = latest.error_signature if latest is not None and inferred != "optimize" else None
+        pasted = False
         if signature is None and phase in (None, "compile_error"):
             # An error pasted into the question: its fix recorded on any task, in any family, is what transfers.
             signature = pasted_signature(query)
-            if signature is not None and latest is None:
+            pasted = signature is not None
+            if pasted and latest is None:
                 inferred = "compile_error"
         target = backend or (latest.target if latest is not None else None)
         target_key = None
@@ -299,7 +301,8 @@ class ExperienceService:
                 target_key = self.target_hardware(target)
         hardware = hardware or target_key or detect_hardware().key
         return QueryState(phase=phase or inferred, task_id=task_id, family=family, hardware_key=hardware,
-                          target=target, signature=signature, latest=latest, incumbent=incumbent)
+                          target=target, signature=signature, latest=latest, incumbent=incumbent,
+                          signature_pasted=pasted)
 
     def _hot_items(self, state: QueryState) -> list[HotItem]:
         """What the state requires: target, incumbent, latest feedback."""

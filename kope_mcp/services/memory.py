@@ -329,6 +329,8 @@ class ExperienceMemory:
 
     def lessons_about(self, kernel_ids: list[str]) -> list[LessonRecord]:
         """The lessons recorded on these attempts (an agent's account of how an error was fixed, say)."""
+        if self.index.loaded:
+            return self.index.lessons_about(kernel_ids)
         return self.store.lessons_for_attempts(kernel_ids)
 
     def latest_in_session(self, session_id: str) -> AttemptRecord | None:
