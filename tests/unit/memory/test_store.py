@@ -50,6 +50,16 @@ def test_updates_and_full_text_search(tmp_path):
     assert [(kind, item_id) for kind, item_id, _ in hits] == [("strategy", "st-1")]
 
 
+def test_a_pasted_pointer_type_does_not_match_every_strategy(tmp_path):
+    store = populated(tmp_path)
+    store.add_strategy(StrategyRecord(strategy_id="st-1", name="unroll by 4", key="4 unroll"))
+    store.add_strategy(StrategyRecord(strategy_id="st-2", name="OpenMP over rows", key="openmp parallel row"))
+    # The FTS parser took `*` for a term every document matches (and a query then cost ~20x at 50k lessons).
+    assert store.full_text("have 'void(const float *, float *, int)'", 10) == []
+    assert [h[1] for h in store.full_text("unroll *", 10)] == ["st-1"]
+    assert store.full_text("*** ;;", 10) == []
+
+
 def test_an_attempt_for_a_missing_session_is_refused_not_silently_dropped(tmp_path):
     import pytest
 
