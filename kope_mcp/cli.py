@@ -331,8 +331,6 @@ def _memory(action: str, target: str | None, reverify: bool = False) -> int:
     from pathlib import Path
 
     from kope_mcp.errors import KopeError
-    from kope_mcp.memory.embedder import BackgroundEmbedder
-    from kope_mcp.memory.store import KuzuExperienceStore
     from kope_mcp.services.memory import ExperienceMemory
     from kope_mcp.services.memory_admin import (
         export_memory,
@@ -354,13 +352,12 @@ def _memory(action: str, target: str | None, reverify: bool = False) -> int:
         print(refusal, file=sys.stderr)
         return 2
     try:
-        store = KuzuExperienceStore(settings.memory_path)
+        # No embedding model here: export/import carry the vectors, stats and show do not need them.
+        memory = ExperienceMemory.open(settings.memory_path, embeddings=False)
     except RuntimeError as exc:  # kuzu reports a held lock as a RuntimeError
         print(f"error: the memory in {settings.home} is in use by another process ({str(exc)[:120]}); a client may "
               "just have started its daemon: run the command again, or `kope daemon stop` first", file=sys.stderr)
         return 2
-    # No embedding model here: export/import carry the vectors, stats and show do not need them.
-    memory = ExperienceMemory(store, BackgroundEmbedder(enabled=False))
     try:
         if action == "stats":
             print(json.dumps(memory_stats(memory).model_dump(), indent=1))
@@ -370,9 +367,10 @@ def _memory(action: str, target: str | None, reverify: bool = False) -> int:
             counts = export_memory(memory, Path(str(target)), home_identity(settings.home))
             print(f"exported to {target}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
         else:
-            memory.store.close()  # checkpointed: the import works on a copy (import_into_copy)
-            report = import_into_copy(settings.memory_path, Path(str(target)), lambda path: ExperienceMemory(
-                KuzuExperienceStore(path), BackgroundEmbedder(enabled=False)), home_identity(settings.home))
+            memory.close()  # checkpointed: the import works on a copy (import_into_copy)
+            report = import_into_copy(settings.memory_path, Path(str(target)),
+                                      lambda path: ExperienceMemory.open(path, embeddings=False),
+                                      home_identity(settings.home))
             print(f"imported from {target}: added {report.added or 'nothing'}; "
                   f"already present {report.skipped_existing or 'nothing'}"
                   + (f"; measured elsewhere ({report.origin}): served as evidence from that home, never as a "
@@ -392,19 +390,16 @@ def _memory(action: str, target: str | None, reverify: bool = False) -> int:
         print(exc, file=sys.stderr)
         return 2
     finally:
-        memory.store.close()
+        memory.close()
     return 0
 
 
 def _reverify(settings: KopeSettings, origin: str) -> int:
-    from kope_mcp.memory.embedder import BackgroundEmbedder
-    from kope_mcp.memory.store import KuzuExperienceStore
     from kope_mcp.services.memory import ExperienceMemory
     from kope_mcp.services.reverify import imported_wins, reverify
     from kope_mcp.services.workbench import Workbench
 
-    workbench = Workbench(settings, memory=ExperienceMemory(KuzuExperienceStore(settings.memory_path),
-                                                             BackgroundEmbedder(enabled=False)))
+    workbench = Workbench(settings, memory=ExperienceMemory.open(settings.memory_path, embeddings=False))
     try:
         wins = imported_wins(workbench, origin)
         print(f"--reverify: {len(wins)} imported wins to measure here (compile, run_tests, profile each)", flush=True)
@@ -414,7 +409,7 @@ def _reverify(settings: KopeSettings, origin: str) -> int:
             print(f"{r.imported_id} ({r.task_id}): imported {r.there}; here {here}"
                   + (f" as {r.here_id}" if r.here_id else "") + (f" ({r.note})" if r.note else ""))
     finally:
-        workbench.store.close()
+        workbench.memory.close()
     return 0
 
 

@@ -75,7 +75,7 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
         finally:
             live.state = None
             workbench.memory.stop()
-            workbench.store.close()
+            workbench.memory.close()
 
     server: MCPServer[Any] = KopeMCPServer(
         name="kope-mcp",

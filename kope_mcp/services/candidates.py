@@ -76,7 +76,7 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
     for lesson in memory.scoped_lessons(state.task_id, state.family, state.hardware_key, limit, by=config.lessons_by):
         lessons[lesson.lesson_id] = lesson
         reasons.setdefault(lesson.lesson_id, []).append("scope match")
-    hits = memory.store.full_text(text_query, config.full_text_hits) if text_query.strip() else []
+    hits = memory.full_text(text_query, config.full_text_hits) if text_query.strip() else []
     hits.sort(key=lambda h: (-h[2], h[1]))  # equal scores in id order, not in the order rows were inserted
     top_bm25 = max((score for _, _, score in hits), default=1.0) or 1.0
     bm25 = {item_id: score / top_bm25 for kind, item_id, score in hits if kind == "lesson"}
@@ -89,9 +89,9 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
     cosine: dict[str, float] = {}
     # Computed at once on this thread, next to any backlog batch (workers start no new one meanwhile). Computing it
     # on another thread while the graph and BM25 are read measured no faster on 2 cores (both want the CPU).
-    vectors = memory.embedder.embed([text_query]) if text_query.strip() and memory.semantic_ready else None
-    if vectors:
-        cosine = {item_id: score for item_id, kind, score in memory.vectors.search(vectors[0], 50)
+    vector = memory.embed_question(text_query) if text_query.strip() else None
+    if vector:
+        cosine = {item_id: score for item_id, kind, score in memory.nearest(vector, 50)
                   if kind in ("attempt", "lesson")}
     extra = [i for i in dict.fromkeys([*bm25, *cosine]) if i not in attempts and i not in lessons]
     if extra:

@@ -54,7 +54,6 @@ class ExperienceService:
                  config: SelectionConfig | None = None) -> None:
         self.memory = memory
         self.config = config or PRESETS["evidence"]
-        self.store = memory.store
         self.tasks = tasks
         # backend name -> the hardware key its results are recorded under (a GPU target's is its GPU's).
         self.target_hardware = target_hardware or (lambda name: None)
@@ -80,7 +79,7 @@ class ExperienceService:
         self, strategy: str, lesson: str, kernel_id: str | None, session_id: str | None, task_id: str | None,
         opt_layer: str | None, rationale: str | None, hardware: str | None, agent: AgentInfo | None,
     ) -> RecordResult:
-        attempt = self.store.attempt(kernel_id) if kernel_id else None
+        attempt = self.memory.attempt(kernel_id) if kernel_id else None
         about_agent = ""
         if attempt is None and session_id:
             task_id = task_id or self.memory.session(session_id).task_id
@@ -90,9 +89,7 @@ class ExperienceService:
         if attempt is not None:
             task_id = attempt.task_id
             if not attempt.strategy_id:
-                self.store.update_attempt(attempt.kernel_id, strategy=strategy.strip()[:200],
-                                          strategy_id=canonical.strategy_id)
-                self.store.link_strategy("Attempt", attempt.kernel_id, canonical.strategy_id)
+                self.memory.name_strategy(attempt.kernel_id, canonical, strategy)
             # The outcome is the measurement's, whatever the caller believes.
             measured = attempt.speedup is not None or attempt.tested or not attempt.ok
             confidence = attempt.confidence if attempt.speedup is not None else (0.8 if measured else 0.5)
@@ -123,9 +120,7 @@ class ExperienceService:
             confidence=confidence, agent=(agent or AgentInfo()).display, created_at=now(), about_agent=about_agent,
         )
         text = " ".join(p for p in (task_id, family, canonical.name, opt_layer, record.text, rationale) if p)
-        self.store.add_lesson(record, text)
-        self.memory.index_lesson(record)
-        self.memory.enqueue_embedding("lesson", record.lesson_id, text)
+        self.memory.add_lesson(record, text)
         return RecordResult(
             experience_id=record.lesson_id, attempt_id=record.attempt_id, label=label, verified=verified,
             confidence=confidence, strategy=canonical.name, strategy_id=canonical.strategy_id,
@@ -198,7 +193,7 @@ class ExperienceService:
                 # only (the whole pool was O(n^2): ~20 ms a query at 50k lessons).
                 reach = self.config.mmr_pool_per_item * cap
                 pool, beyond = ranked[:reach], ranked[reach:]
-                sim = similarity_matrix(pool, [self.memory.vectors.vector(s.item_id) for s in pool])
+                sim = similarity_matrix(pool, [self.memory.vector(s.item_id) for s in pool])
                 ordered, duplicates, rest = mmr_order(pool, sim, limit=config.mmr_picks_per_item * cap,
                                                       relevance_weight=config.mmr_lambda,
                                                       near_duplicate=config.near_duplicate)
@@ -237,13 +232,13 @@ class ExperienceService:
         an agent that keeps its own transcript would paste it (the baseline active selection is measured
         against), with the data behind each line."""
         lines: list[tuple[str, Candidate]] = []
-        for rec in sorted(self.store.all_attempts(), key=lambda r: r.created_at):
+        for rec in sorted(self.memory.all_attempts(), key=lambda r: r.created_at):
             kind: Kind = "case" if rec.speedup is not None else "pitfall"
             if rec.speedup is None and rec.ok and rec.correct is not False:
                 continue  # compiled, never measured: nothing learned yet
             cand = Candidate(kind=kind, item_id=rec.kernel_id, attempt=rec)
             lines.append((render_item(cand, None), cand))
-        for lesson in sorted(self.store.all_lessons(), key=lambda x: x.created_at):
+        for lesson in sorted(self.memory.all_lessons(), key=lambda x: x.created_at):
             cand = Candidate(kind="lesson", item_id=lesson.lesson_id, lesson=lesson)
             lines.append((render_item(cand, None), cand))
         text = "# Every recorded attempt and lesson, oldest first"

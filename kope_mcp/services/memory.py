@@ -8,7 +8,10 @@ import logging
 import secrets
 import threading
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
+
+import numpy as np
 
 from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.diffs import short_diff
@@ -43,6 +46,14 @@ def source_hash(source: str) -> str:
 
 
 class ExperienceMemory:
+    """The memory's one front door: services record, read and search experience through this class, never
+    through its store, vectors or embedder."""
+
+    @classmethod
+    def open(cls, path: Path, embeddings: bool = True) -> ExperienceMemory:
+        """The memory at ``path`` (a Kùzu database), embedding in the background when ``embeddings``."""
+        return cls(KuzuExperienceStore(path), BackgroundEmbedder(embeddings))
+
     def __init__(self, store: KuzuExperienceStore, embedder: BackgroundEmbedder) -> None:
         self.store = store
         self.embedder = embedder
@@ -89,6 +100,10 @@ class ExperienceMemory:
         if self._loader is not None:
             self._loader.join(timeout=30)
             self._loader = None
+
+    def close(self) -> None:
+        """Checkpoint and release the database (after :meth:`stop`)."""
+        self.store.close()
 
     # --- embeddings (the backlog lives in embedding_backlog.py) ------------------------------------------
     @property
@@ -294,6 +309,48 @@ class ExperienceMemory:
 
     def index_lesson(self, lesson: LessonRecord) -> None:
         self.index.add_lesson(lesson)
+
+    def add_lesson(self, lesson: LessonRecord, search_text: str) -> None:
+        """Store a lesson (linked to its attempt, strategy, task), index it and queue its embedding."""
+        self.store.add_lesson(lesson, search_text)
+        self.index_lesson(lesson)
+        self.enqueue_embedding("lesson", lesson.lesson_id, search_text)
+
+    def name_strategy(self, kernel_id: str, strategy: StrategyRecord, name: str) -> None:
+        """Give an attempt recorded without a strategy the one its lesson names."""
+        self._update(kernel_id, strategy=name.strip()[:200], strategy_id=strategy.strategy_id)
+        self.store.link_strategy("Attempt", kernel_id, strategy.strategy_id)
+
+    # --- single records and whole-memory listings ----------------------------------------------------------
+    def attempt(self, kernel_id: str) -> AttemptRecord:
+        """One attempt with its source (raises UnknownKernelError)."""
+        return self.store.attempt(kernel_id)
+
+    def all_attempts(self) -> list[AttemptRecord]:
+        """Every attempt with its source, oldest first."""
+        return self.store.all_attempts()
+
+    def all_lessons(self) -> list[LessonRecord]:
+        return self.store.all_lessons()
+
+    # --- search: BM25 over lessons and strategy names, cosine over embeddings ------------------------------
+    def full_text(self, query: str, limit: int) -> list[tuple[str, str, float]]:
+        """(kind, id, BM25 score) of strategies and lessons matching the words of ``query``."""
+        return self.store.full_text(query, limit)
+
+    def embed_question(self, text: str) -> list[float] | None:
+        """The question's embedding, at once on this thread; None while semantic search is not ready."""
+        if not self.semantic_ready:
+            return None
+        vectors = self.embedder.embed([text])
+        return list(vectors[0]) if vectors else None
+
+    def nearest(self, vector: list[float], limit: int) -> list[tuple[str, str, float]]:
+        """(id, kind, cosine) of the embedded items closest to ``vector``."""
+        return self.vectors.search(vector, limit)
+
+    def vector(self, item_id: str) -> np.ndarray | None:
+        return self.vectors.vector(item_id)
 
     # --- the read path: the in-memory index when loaded, the store's scans until then ------------------------
     def attempts_for_task(self, task_id: str, limit: int) -> list[AttemptRecord]:

@@ -34,7 +34,7 @@ class Reverified(BaseModel):
 
 def imported_wins(workbench: Workbench, origin: str | None = None) -> list[AttemptRecord]:
     """Imported attempts that were clean wins where they were measured (from ``origin`` when given)."""
-    return [a for a in workbench.store.all_attempts()
+    return [a for a in workbench.memory.all_attempts()
             if a.origin and (origin is None or a.origin == origin) and a.ok and a.correct and a.teaches
             and a.label in WINNING and a.source]
 
@@ -72,7 +72,7 @@ def _measure(workbench: Workbench, experience: ExperienceService, imported: Atte
                 result.note = f"profile failed here: {report.failure}"
             elif report.noisy or report.suspect:
                 result.note = "; ".join(report.noise_reasons + report.suspect_reasons)
-    local = workbench.store.attempt(compiled.kernel_id)
+    local = workbench.memory.attempt(compiled.kernel_id)
     result.here_label, result.here_speedup = local.label, local.speedup
     here = f"{local.label}" + (f" {local.speedup:.2f}x" if local.speedup is not None else "")
     experience.record_experience(

@@ -91,7 +91,7 @@ def check_task(settings: KopeSettings, task: Task) -> int:
                           TaskRegistry([task.folder]))
         compiled = probe.compile_kernel(task.id, task.baseline_source, strategy="baseline check")
         report = probe.run_tests(compiled.kernel_id) if compiled.ok else None
-        probe.store.close()
+        probe.memory.close()
     if report is None:
         raise InvalidTaskError(f"{task.folder / 'baseline.c'}: does not compile: {compiled.log[-800:]}")
     if not report.passed:

@@ -28,9 +28,7 @@ from kope_mcp.errors import (
     check_length,
 )
 from kope_mcp.hardware import keep_bounds_in
-from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.records import AgentInfo, AttemptRecord
-from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.models import (
     CaseInfo,
     CaseResult,
@@ -106,8 +104,8 @@ class Workbench:
         if removed := remove_stale_scratch(settings.scratch_dir):
             log.info("removed %d scratch folder(s) left by servers that are gone", removed)
         self.tasks = tasks or TaskRegistry.default(settings.home, watch=TASKS_WATCH_S)
-        self.memory = memory or ExperienceMemory(KuzuExperienceStore(settings.memory_path),
-                                                 BackgroundEmbedder(settings.embeddings))
+        self.memory = memory or ExperienceMemory.open(settings.memory_path, settings.embeddings)
+        # For tests and tools that inspect the graph; the workbench itself goes through self.memory.
         self.store = self.memory.store
         self.targets = targets if targets is not None else load_targets(settings)
         keep_bounds_in(settings.home / "bounds.json")
@@ -173,7 +171,7 @@ class Workbench:
         target.check_flags(list(flags or []), options)
         sandbox_warnings = self._require_sandbox()
         hardware = target.hardware()
-        parent = self.store.attempt(parent_id) if parent_id else None
+        parent = self.memory.attempt(parent_id) if parent_id else None
         if parent is not None and parent.task_id != task_id:
             raise TaskMismatchError(f"parent {parent_id} is a kernel for task {parent.task_id!r}, not {task_id!r}")
         if session_id is not None:
@@ -260,7 +258,7 @@ class Workbench:
         return [found[i] for i in range(len(wanted))]
 
     def run_tests(self, kernel_id: str, progress: ProgressFn = _noop) -> TestReport:
-        record = self.store.attempt(kernel_id)
+        record = self.memory.attempt(kernel_id)
         task = self.tasks.get(record.task_id)
         if not record.ok:
             report = TestReport(
@@ -358,7 +356,7 @@ class Workbench:
     # --- profile -------------------------------------------------------------------------------------------
     def profile_kernel(self, kernel_id: str, deterministic: bool = False, time_reference: bool = True,
                        progress: ProgressFn = _noop, agent: AgentInfo | None = None) -> ProfileReport:
-        record = self.store.attempt(kernel_id)
+        record = self.memory.attempt(kernel_id)
         if not record.ok:
             raise NotCompiledError(f"kernel {kernel_id} did not compile; fix it and call compile_kernel again")
         target = self.target(record.target)
