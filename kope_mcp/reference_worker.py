@@ -20,7 +20,10 @@ from typing import Any
 
 import numpy as np
 
-MAGIC = b"KOPEREF1"
+from kope_mcp.worker_formats import REFERENCE_MAGIC
+
+MAGIC = REFERENCE_MAGIC
+
 
 def _pool_count(first_bytes: int, first_seconds: float, rule: dict[str, Any]) -> int:
     by_memory = int(rule["pool_bytes"]) // max(1, first_bytes)

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from kope_mcp.errors import InvalidTaskError
-from kope_mcp.reference_worker import MAGIC
 from kope_mcp.sandbox import (
     SandboxLimits,
     SandboxResult,
@@ -32,6 +31,7 @@ from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.native_runner import python_runtime
 from kope_mcp.tasks.loader import REFERENCE_FILE, Task
 from kope_mcp.tasks.spec import CaseSpec
+from kope_mcp.worker_formats import REFERENCE_MAGIC as MAGIC
 
 # What one sandboxed run may hand back (the profile pool's budget is 64 MiB of inputs, outputs in float64).
 RESULT_CAP_BYTES = 1024**3
