@@ -458,6 +458,12 @@ def _doctor() -> int:
             print(f"           {detail}")
         print(f"           hardware key {target.hardware().key}")
     print(f"KOPE_HOME  {settings.home}")
+    from kope_mcp.sandbox_files import scratch_root
+
+    runs = scratch_root(settings.scratch_dir)
+    print(f"Scratch    {runs}: " + ("the home's own; a run's mount table shows this path (no tmpfs or temporary folder "
+                                    "with 1 GiB free)" if runs == settings.scratch_dir else
+                                    "a run's mount table names this folder, not the home or the server"))
     c_target = targets.get("c")
     if c_target is not None and not c_target.status().compile:
         # The default backend: a server whose `c` cannot compile fails most calls a client makes.

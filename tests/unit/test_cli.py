@@ -28,6 +28,8 @@ def test_doctor_reports_compiler_and_sandbox(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "gcc" in out and "Sandbox" in out and "ISA" in out
+    scratch = next(line for line in out.splitlines() if line.startswith("Scratch"))
+    assert "mount table" in scratch
 
 
 def test_python_dash_m_entry_point_works():
