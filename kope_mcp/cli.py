@@ -213,7 +213,11 @@ def _daemon(action: str) -> int:
         options = HttpOptions(host="127.0.0.1", port=0, token=secrets.token_urlsafe(32), idle_exit_s=idle)
         return _own_and_serve_http(settings, options, on_demand=True)
     if action == "stop":
-        stopped = daemon.stop(settings.home)
+        try:
+            stopped = daemon.stop(settings.home)
+        except daemon.DaemonError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         print(f"stopped pid {stopped.pid}" if stopped else f"nothing serves {settings.home}")
         return 0
     state = daemon.running(settings.home)
@@ -309,6 +313,36 @@ def _print_task(task: Any) -> None:
         print(f"Baseline (C):\n{textwrap.indent(task.baseline_source, '    ')}")
 
 
+def _stats_from_owner(home: Any) -> str | None:
+    """The memory's statistics from the process that owns the home (its kope://memory/stats resource), or None
+    when nothing serves the home or it cannot be reached."""
+    from kope_mcp import daemon
+
+    state = daemon.running(home)
+    if state is None:
+        return None
+    import anyio
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client  # the SDK's own client factory (headers, timeouts)
+
+    from kope_mcp.http_server import MCP_PATH
+
+    async def read() -> str:
+        headers = {"Authorization": f"Bearer {state.token}"} if state.token else {}
+        transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH,
+                                           http_client=create_mcp_http_client(headers=headers))
+        with anyio.fail_after(30):
+            async with Client(transport) as client:
+                result = await client.read_resource("kope://memory/stats")
+        return "".join(getattr(part, "text", "") for part in result.contents)
+
+    try:
+        return anyio.run(read)
+    except Exception:  # an owner that does not answer: fall back to taking the home, as before
+        return None
+
+
 def _free_home(home: Any, purpose: str) -> str | None:
     """Give this command the home's database. An on-demand daemon is stopped (clients start a new one, with every
     acknowledged write, on their next call); a server someone started is left alone. The refusal line, or None."""
@@ -320,9 +354,13 @@ def _free_home(home: Any, purpose: str) -> str | None:
     if not state.on_demand:
         return (f"error: {home} is served by pid {state.pid} ({state.url or 'kope serve --no-daemon'}); "
                 f"`kope {purpose}` needs its database to itself: stop that server first")
-    daemon.stop(home)
-    print(f"stopped the home's on-demand daemon (pid {state.pid}) for `kope {purpose}`; clients start a new one "
-          "on their next call", file=sys.stderr)
+    try:
+        daemon.stop(home)
+    except daemon.DaemonError as exc:
+        return f"error: {exc}"
+    print(f"stopped the home's on-demand daemon (pid {state.pid}) for `kope {purpose}`: a call it was running "
+          "answers `server_stopping:` (nothing recorded) and clients start a new daemon on their next call",
+          file=sys.stderr)
     return None
 
 
@@ -347,6 +385,11 @@ def _memory(action: str, target: str | None, reverify: bool = False) -> int:
     settings = KopeSettings.from_env()
     if action == "import":
         settings.ensure_home()  # a home an import creates is 0700 like any other
+    if action == "stats":
+        served = _stats_from_owner(settings.home)
+        if served is not None:  # read-only: asked of the server that owns the home, which keeps serving
+            print(served)
+            return 0
     refusal = _free_home(settings.home, f"memory {action}")
     if refusal is not None:
         print(refusal, file=sys.stderr)

@@ -187,18 +187,29 @@ def _spawn(home: Path, timeout_s: float) -> DaemonState:
 
 
 def stop(home: Path, timeout_s: float = 30.0) -> DaemonState | None:
-    """Ask the owner to stop (SIGTERM) and wait until it has let go; None when nothing was running."""
+    """Ask the owner to stop (SIGTERM) and wait until it has let go; one that still holds the home after
+    ``timeout_s`` is killed (every acknowledged write is committed). None when nothing was running."""
     state = running(home)
     if state is None:
         return None
     with contextlib.suppress(ProcessLookupError):
         os.kill(state.pid, signal.SIGTERM)
+    if _released(home, timeout_s):
+        return state
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(state.pid, signal.SIGKILL)
+    if not _released(home, 10.0):
+        raise DaemonError(f"pid {state.pid} still holds {home} {timeout_s + 10:.0f} s after SIGTERM and SIGKILL")
+    return state
+
+
+def _released(home: Path, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while _owner_alive(home):
         if time.monotonic() > deadline:
-            raise DaemonError(f"pid {state.pid} still holds {home} after {timeout_s:.0f} s")
+            return False
         time.sleep(0.05)
-    return state
+    return True
 
 
 def describe(state: DaemonState) -> str:

@@ -171,3 +171,13 @@ MAX_TEXT_CHARS = 4000
 def check_length(argument: str, value: str | None, cap: int) -> None:
     if value is not None and len(value) > cap:
         raise TooLongError(argument, len(value), cap)
+
+
+class ServerStoppingError(KopeError):
+    """The server was asked to stop (``kope daemon stop``, a memory command) while the call ran."""
+
+    code = "server_stopping"
+
+    def __init__(self, tool: str) -> None:
+        super().__init__(f"the server was asked to stop during {tool}; its run was ended and nothing was recorded: "
+                         "call it again (the next call is served by a new server)")

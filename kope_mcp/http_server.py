@@ -14,10 +14,12 @@ import os
 import secrets
 import socket
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -25,6 +27,7 @@ from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, Transpo
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kope_mcp.errors import KopeError
+from kope_mcp.sandbox import end_all_runs
 from kope_mcp.settings import KopeSettings
 
 log = logging.getLogger(__name__)
@@ -263,6 +266,35 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+STOP_DEADLINE_S = 20.0
+
+
+def _stopping_server_class() -> type[Any]:
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):  # type: ignore[misc]
+        """Asked to stop (SIGTERM, SIGINT), a server ends every sandbox in flight at once, so the calls they served
+        answer `server_stopping:` within the graceful shutdown, and exits within STOP_DEADLINE_S whatever else is
+        stuck (the home's lock goes with the process; every acknowledged write is already committed)."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if not self.should_exit:
+                ended = end_all_runs()
+                log.info("stopping (signal %d): ended %d run(s) in flight", sig, ended)
+                watchdog = threading.Timer(STOP_DEADLINE_S, _exit_now)
+                watchdog.daemon = True
+                watchdog.start()
+            super().handle_exit(sig, frame)
+
+    return StoppingServer
+
+
+def _exit_now() -> None:
+    log.error("still running %.0f s after being asked to stop: exiting now", STOP_DEADLINE_S)
+    logging.shutdown()
+    os._exit(1)
+
+
 def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket,
                on_ready: Callable[[], None] | None = None) -> None:
     """Serve until interrupted (or idle for options.idle_exit_s). Blocks."""
@@ -279,7 +311,7 @@ def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket
         DEFAULT_MAX_REQUEST_BODY_SIZE, settings.max_source_bytes), options.token, activity)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
                             http=deadline_protocol())
-    web = uvicorn.Server(config)
+    web = _stopping_server_class()(config)
 
     async def watch_idle() -> None:
         while not web.started:

@@ -38,6 +38,7 @@ import select
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -462,17 +463,45 @@ def run_sandboxed(
                 os.close(fd)
 
 
+# Runs in flight, so that a server asked to stop ends them at once (a profile would otherwise hold the process for
+# a minute, and the home's lock with it).
+_running: set[subprocess.Popen[bytes]] = set()
+_running_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def stopping() -> bool:
+    """The server is stopping: runs were ended on purpose, and their outcomes are not the kernel's."""
+    return _stopping.is_set()
+
+
+def end_all_runs() -> int:
+    """Refuse to wait for any run from now on: end every sandbox in flight and any started later; how many."""
+    _stopping.set()
+    with _running_lock:
+        procs = list(_running)
+    for proc in procs:
+        _kill_group(proc)
+    return len(procs)
+
+
 def finish(proc: subprocess.Popen[bytes], limits: SandboxLimits, start: float, out_fd: int, err_fd: int,
            uid: int) -> SandboxResult:
     """Wait for a started sandbox within its wall-clock limit, kill whatever it left, and say how it ended."""
-    timed_out = not _wait_exit(proc, limits.wall_seconds - (time.monotonic() - start))
+    with _running_lock:
+        _running.add(proc)
     try:
+        if _stopping.is_set():
+            _kill_group(proc)
+        timed_out = not _wait_exit(proc, limits.wall_seconds - (time.monotonic() - start))
         if timed_out:
             _kill_group(proc)
         proc.wait()
     finally:
         # Whatever happened, nothing the command started may outlive the call.
         _kill_group(proc)
+        with _running_lock:
+            _running.discard(proc)
     wall = time.monotonic() - start
     return SandboxResult(
         returncode=None if timed_out else proc.returncode,

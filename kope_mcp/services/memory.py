@@ -102,8 +102,9 @@ class ExperienceMemory:
             self._loader = None
 
     def close(self) -> None:
-        """Checkpoint and release the database (after :meth:`stop`)."""
-        self.store.close()
+        """Checkpoint and release the database (after :meth:`stop`), once any write in progress has finished."""
+        with self.write_lock:
+            self.store.close()
 
     # --- embeddings (the backlog lives in embedding_backlog.py) ------------------------------------------
     @property

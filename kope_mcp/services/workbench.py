@@ -19,6 +19,7 @@ from kope_mcp.errors import (
     NotCompiledError,
     NotTestedError,
     SandboxUnavailableError,
+    ServerStoppingError,
     SourceTooLargeError,
     TargetMismatchError,
     TargetUnavailableError,
@@ -40,7 +41,7 @@ from kope_mcp.models import (
     ProfileReport,
     TestReport,
 )
-from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, unsafe_opt_out
+from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, stopping, unsafe_opt_out
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.fair_slot import FairSlot
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
@@ -197,6 +198,7 @@ class Workbench:
             parent = self.memory.latest_in_session(session.session_id)
         progress(0, 1, f"compiling for {task_id} ({backend})")
         build = target.compile(task, source, list(flags or []), options)
+        _unless_stopping("compile_kernel")
         first_error = next((d.message for d in build.diagnostics if d.severity == "error"), None)
         record = self.memory.record_compile(AttemptRecord(
             kernel_id=new_id("k"), session_id=session.session_id, task_id=task_id, family=task.spec.family,
@@ -351,6 +353,7 @@ class Workbench:
                                      "source to rebuild it") from exc
 
     def _save_test(self, record: AttemptRecord, report: TestReport) -> None:
+        _unless_stopping("run_tests")
         self.memory.record_test(record.kernel_id, report)
 
     # --- profile -------------------------------------------------------------------------------------------
@@ -393,6 +396,7 @@ class Workbench:
             outcome = measured.outcome
             costs = target.deterministic_costs(task, record.build_hash, sets[0]) \
                 if deterministic and outcome.status == "ok" else None
+        _unless_stopping("profile_kernel")
         base_key, pin = measured.baseline_key, measured.pinned_cpu
         failure, message = profile_failure(task, outcome, sets, expected)
         if failure is not None:
@@ -448,6 +452,12 @@ class Workbench:
         self.memory.record_profile(kernel_id, report)
         progress(3, 3, f"speedup vs baseline {speedup:.2f}x")
         return report
+
+
+def _unless_stopping(tool: str) -> None:
+    """A run the stopping server ended is not the kernel's outcome: nothing of it may be recorded."""
+    if stopping():
+        raise ServerStoppingError(tool)
 
 
 def _digest(diagnostics: list[Diagnostic]) -> str:

@@ -59,3 +59,21 @@ def test_a_body_that_trickles_in_past_the_deadline_gets_408(monkeypatch: pytest.
     assert not reached_app
     assert sent[0]["status"] == 408
     assert json.loads(sent[1]["body"])["error"]["message"].startswith("request_timeout:")
+
+
+def test_a_stop_request_ends_the_runs_in_flight_and_arms_an_exit_deadline(monkeypatch: pytest.MonkeyPatch):
+    import signal
+    import threading
+
+    import uvicorn
+
+    fired, ended = threading.Event(), []
+    monkeypatch.setattr(http_server, "STOP_DEADLINE_S", 0.05)
+    monkeypatch.setattr(http_server, "_exit_now", fired.set)
+    monkeypatch.setattr(http_server, "end_all_runs", lambda: ended.append(1) or 0)
+    server = http_server._stopping_server_class()(uvicorn.Config(app=RequestBodyLimit(None, 1, 1)))
+    server.handle_exit(signal.SIGTERM, None)
+    assert server.should_exit and ended == [1]
+    assert fired.wait(5)  # a shutdown that hangs is ended by the deadline
+    server.handle_exit(signal.SIGTERM, None)  # asked again: the runs were ended once, the deadline stands
+    assert ended == [1]

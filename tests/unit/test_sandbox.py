@@ -128,6 +128,29 @@ def test_read_back_refuses_links_fifos_strangers_and_oversize_files(tmp_path):
         os.close(fd)
 
 
+@needs_sandbox
+def test_a_stopping_server_ends_a_run_in_flight_at_once_and_any_run_started_after(scratch, tmp_path):
+    import threading
+    import time
+
+    from kope_mcp import sandbox
+
+    result = {}
+    runner = threading.Thread(target=lambda: result.update(run=sh(scratch, "sleep 30; echo finished")))
+    runner.start()
+    time.sleep(1.0)
+    start = time.monotonic()
+    try:
+        assert sandbox.end_all_runs() == 1 and sandbox.stopping()
+        runner.join(timeout=10)
+        assert not runner.is_alive() and time.monotonic() - start < 5
+        assert "finished" not in result["run"].stdout_tail and result["run"].returncode != 0
+        with Scratch(tmp_path / "later") as later:
+            assert "finished" not in sh(later, "sleep 30; echo finished").stdout_tail
+    finally:
+        sandbox._stopping.clear()  # process-wide: the tests after this one run sandboxes again
+
+
 def test_scratch_folders_of_dead_servers_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(sandbox_files, "neutral_candidates", lambda: [])
     root = tmp_path / "scratch"
