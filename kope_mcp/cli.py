@@ -52,6 +52,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="import: re-measure here every imported win (compile, run_tests and profile each in "
                              "the sandbox) and record the local verdict beside the imported one")
     args = parser.parse_args(argv)
+    from kope_mcp.settings import InvalidSettingError, KopeSettings
+
+    try:
+        KopeSettings.from_env()  # a wrong KOPE_* value is one line here, not a traceback from deep inside
+        return _dispatch(parser, args)
+    except InvalidSettingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "memory":
         if args.reverify and args.action != "import":
             parser.error("--reverify goes with `kope memory import FILE`")
@@ -113,6 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"error: the token file {args.token_file} is empty; put a long random token in it "
                   "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)", file=sys.stderr)
             return 2
+        source = f"the token in {args.token_file}" if args.token_file else "the KOPE_TOKEN it was started with"
         if not token:
             from kope_mcp.http_server import TOKEN_FILE, home_token
 
@@ -125,8 +137,9 @@ def _serve(args: argparse.Namespace) -> int:
             where = settings.home / TOKEN_FILE
             print(f"kope-mcp: made a bearer token for HTTP clients, kept in {where} (0600): {token}" if made else
                   f"kope-mcp: HTTP clients send 'Authorization: Bearer <the token in {where}>'", file=sys.stderr)
-        options = HttpOptions(host=args.host, port=args.port, token=token,
-                              allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin)
+            source = f"the token kept in {where}"
+        options = HttpOptions(host=args.host, port=args.port, token=token, allowed_hosts=args.allowed_host,
+                              allowed_origins=args.allowed_origin, token_source=source)
         return _own_and_serve_http(settings, options, on_demand=False)
     if args.no_daemon or os.environ.get("KOPE_DAEMON", "on").lower() in ("off", "0", "no"):
         from kope_mcp.server import build_server
@@ -198,6 +211,20 @@ def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
     return 0
 
 
+def _seconds(name: str, default: float) -> float:
+    from kope_mcp.settings import InvalidSettingError
+
+    text = os.environ.get(name)
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise InvalidSettingError(f"{name}={text!r} is not a positive number of seconds; unset it for the default "
+                                  f"({default:g})")
+    return value
+
+
 def _daemon(action: str) -> int:
     import secrets
 
@@ -209,8 +236,9 @@ def _daemon(action: str) -> int:
     settings = KopeSettings.from_env()
     if action == "run":
         configure_logging("INFO")
-        idle = float(os.environ.get("KOPE_DAEMON_IDLE_S", "600"))
-        options = HttpOptions(host="127.0.0.1", port=0, token=secrets.token_urlsafe(32), idle_exit_s=idle)
+        idle = _seconds("KOPE_DAEMON_IDLE_S", 600.0)
+        options = HttpOptions(host="127.0.0.1", port=0, token=secrets.token_urlsafe(32), idle_exit_s=idle,
+                              token_source=f"the on-demand daemon's, in {settings.home}/daemon/state.json")
         return _own_and_serve_http(settings, options, on_demand=True)
     if action == "stop":
         try:
@@ -396,7 +424,9 @@ def _memory(action: str, target: str | None, reverify: bool = False) -> int:
         return 2
     try:
         # No embedding model here: export/import carry the vectors, stats and show do not need them.
-        memory = ExperienceMemory.open(settings.memory_path, embeddings=False)
+        memory = ExperienceMemory.open(settings.memory_path, embeddings=False, why_off=(
+            "not loaded by `kope memory` (a server loads it)" if settings.embeddings else
+            "disabled by KOPE_EMBEDDINGS=off"))
     except RuntimeError as exc:  # kuzu reports a held lock as a RuntimeError
         print(f"error: the memory in {settings.home} is in use by another process ({str(exc)[:120]}); a client may "
               "just have started its daemon: run the command again, or `kope daemon stop` first", file=sys.stderr)

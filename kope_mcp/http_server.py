@@ -56,6 +56,7 @@ class HttpOptions:
     allowed_hosts: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
     idle_exit_s: float | None = None  # the daemon's: stop after this long without any request or open stream
+    token_source: str = "the KOPE_TOKEN it was started with"  # named in a 401, so a client knows where to look
 
     def validate(self) -> None:
         # Loopback included: any user of this machine can reach 127.0.0.1 (user `nobody` got 200 without one).
@@ -90,19 +91,21 @@ class BearerTokenAndActivity:
     """ASGI middleware: refuse any HTTP request without `Authorization: Bearer <token>` (when a token is set)
     with a 401 that says what is missing, and count requests for the idle exit."""
 
-    def __init__(self, app: ASGIApp, token: str | None, activity: Activity) -> None:
-        self.app, self.activity = app, activity
-        self.expected = f"Bearer {token}".encode() if token else None
+    def __init__(self, app: ASGIApp, token: str | None, activity: Activity,
+                 token_source: str = "the KOPE_TOKEN it was started with") -> None:
+        self.app, self.activity, self.token_source = app, activity, token_source
+        self.expected = token.encode() if token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if self.expected is not None:
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            scheme, _, given = dict(scope.get("headers") or []).get(b"authorization", b"").partition(b" ")
+            # The scheme is case-insensitive (RFC 9110 11.1), the token is not.
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.expected):
                 body = json.dumps({"error": "unauthorized", "message": "this kope-mcp server requires "
-                                   "'Authorization: Bearer <token>' (the KOPE_TOKEN it was started with)"}).encode()
+                                   f"'Authorization: Bearer <token>' ({self.token_source})"}).encode()
                 await send({"type": "http.response.start", "status": 401, "headers": [
                     (b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="kope-mcp"')]})
                 await send({"type": "http.response.body", "body": body})
@@ -308,7 +311,7 @@ def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket
     app: Any = BearerTokenAndActivity(RequestBodyLimit(
         server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=options.security(),
                                    host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE),
-        DEFAULT_MAX_REQUEST_BODY_SIZE, settings.max_source_bytes), options.token, activity)
+        DEFAULT_MAX_REQUEST_BODY_SIZE, settings.max_source_bytes), options.token, activity, options.token_source)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
                             http=deadline_protocol())
     web = _stopping_server_class()(config)

@@ -8,6 +8,37 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
+from kope_mcp.errors import KopeError
+
+
+class InvalidSettingError(KopeError):
+    code = "invalid_setting"
+
+
+_SWITCH = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
+
+
+def _number(name: str, kind: type[int] | type[float], what: str, default: object) -> int | float:
+    text = os.environ[name]
+    try:
+        value = kind(text.strip())
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise InvalidSettingError(f"{name}={text!r} is not {what}; unset it for the default ({default})")
+    return value
+
+
+def switch(name: str, default: bool) -> bool:
+    """An on/off KOPE_* variable (on, off, 1, 0, true, false, yes, no); unset: ``default``."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    if text.strip().lower() not in _SWITCH:
+        raise InvalidSettingError(f"{name}={text!r} is not on or off (also 1/0, true/false, yes/no); unset it for "
+                                  f"the default ({'on' if default else 'off'})")
+    return _SWITCH[text.strip().lower()]
+
 
 class KopeSettings(BaseModel):
     home: Path = Field(description="Where everything is kept: builds, kernel records, logs (KOPE_HOME).")
@@ -27,13 +58,14 @@ class KopeSettings(BaseModel):
         values: dict[str, object] = {
             "home": Path(env.get("KOPE_HOME", "~/.kope")).expanduser(),
             "compiler": env.get("KOPE_CC", "gcc"),
-            "embeddings": env.get("KOPE_EMBEDDINGS", "on").lower() not in ("off", "0", "false", "no"),
+            "embeddings": switch("KOPE_EMBEDDINGS", True),
             "selection": env.get("KOPE_SELECTION", ""),
         }
         if "KOPE_MAX_SOURCE_BYTES" in env:
-            values["max_source_bytes"] = int(env["KOPE_MAX_SOURCE_BYTES"])
+            values["max_source_bytes"] = _number("KOPE_MAX_SOURCE_BYTES", int, "a positive whole number of bytes",
+                                                 256 * 1024)
         if "KOPE_PROFILE_S" in env:
-            values["profile_time_cap_s"] = float(env["KOPE_PROFILE_S"])
+            values["profile_time_cap_s"] = _number("KOPE_PROFILE_S", float, "a positive number of seconds", 3.0)
         values.update(overrides)
         return cls.model_validate(values)
 

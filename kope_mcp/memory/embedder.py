@@ -29,7 +29,8 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 
 
 class BackgroundEmbedder:
-    def __init__(self, enabled: bool = True, threads: int | None = None, bf16: bool = True) -> None:
+    def __init__(self, enabled: bool = True, threads: int | None = None, bf16: bool = True,
+                 why_off: str = "disabled by KOPE_EMBEDDINGS=off") -> None:
         self.enabled = enabled
         self._try_bf16 = bf16
         self._bf16 = False
@@ -38,7 +39,7 @@ class BackgroundEmbedder:
         # more than one two-thread call here: small matrices gain little from splitting an operator).
         self.workers = threads or os.cpu_count() or 1
         self._model: Any = None
-        self._error: str | None = None if enabled else "disabled by KOPE_EMBEDDINGS=off"
+        self._error: str | None = None if enabled else why_off
         self._ready = threading.Event()
         self._local = threading.local()  # each thread's own tokenizer: a fast tokenizer is not thread-safe
         self._questions_lock = threading.Lock()

@@ -50,9 +50,11 @@ class ExperienceMemory:
     through its store, vectors or embedder."""
 
     @classmethod
-    def open(cls, path: Path, embeddings: bool = True) -> ExperienceMemory:
-        """The memory at ``path`` (a Kùzu database), embedding in the background when ``embeddings``."""
-        return cls(KuzuExperienceStore(path), BackgroundEmbedder(embeddings))
+    def open(cls, path: Path, embeddings: bool = True, why_off: str = "disabled by KOPE_EMBEDDINGS=off"
+             ) -> ExperienceMemory:
+        """The memory at ``path`` (a Kùzu database), embedding in the background when ``embeddings`` (else
+        ``why_off`` is what its status says)."""
+        return cls(KuzuExperienceStore(path), BackgroundEmbedder(embeddings, why_off=why_off))
 
     def __init__(self, store: KuzuExperienceStore, embedder: BackgroundEmbedder) -> None:
         self.store = store

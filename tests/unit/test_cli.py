@@ -143,3 +143,25 @@ def test_a_failed_demo_ends_in_one_line_and_names_the_daemon_it_leaves(tmp_path)
     assert done.returncode == 1
     assert "demo: compile_kernel failed: target_unavailable:" in done.stderr
     assert "Traceback" not in done.stderr and "kope daemon stop" in done.stderr
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("KOPE_PROFILE_S", "abc", "a positive number of seconds"), ("KOPE_PROFILE_S", "-1", "a positive number"),
+    ("KOPE_MAX_SOURCE_BYTES", "1.5e3", "a positive whole number of bytes"),
+    ("KOPE_EMBEDDINGS", "maybe", "not on or off"),
+])
+def test_a_wrong_setting_is_one_line_that_names_it_and_what_is_valid(monkeypatch, capsys, name, value, says):
+    monkeypatch.setenv(name, value)
+    for command in (["doctor"], ["demo"], ["memory", "stats"], ["tasks"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith(f"error: invalid_setting: {name}={value!r}") and says in err
+
+
+def test_memory_stats_without_a_server_says_why_semantic_search_is_off(tmp_path, monkeypatch, capsys):
+    import json
+
+    monkeypatch.setenv("KOPE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("KOPE_EMBEDDINGS", raising=False)
+    assert main(["memory", "stats"]) == 0
+    assert json.loads(capsys.readouterr().out)["semantic_search"].startswith("not loaded by `kope memory`")

@@ -77,3 +77,25 @@ def test_a_stop_request_ends_the_runs_in_flight_and_arms_an_exit_deadline(monkey
     assert fired.wait(5)  # a shutdown that hangs is ended by the deadline
     server.handle_exit(signal.SIGTERM, None)  # asked again: the runs were ended once, the deadline stands
     assert ended == [1]
+
+
+@pytest.mark.parametrize(("header", "status"), [
+    (b"Bearer s3cret", 200), (b"bearer s3cret", 200), (b"BEARER  s3cret", 200),  # the scheme in any case
+    (b"Bearer S3CRET", 401), (b"Basic s3cret", 401), (b"s3cret", 401), (b"", 401),  # the token exactly
+])
+def test_the_bearer_scheme_is_case_insensitive_the_token_exact_and_a_refusal_names_where_the_token_is(
+        header: bytes, status: int):
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message):
+        sent.append(message)
+
+    middleware = http_server.BearerTokenAndActivity(app, "s3cret", http_server.Activity(),
+                                                    token_source="the token in /etc/kope/token")
+    anyio.run(middleware, {"type": "http", "headers": [(b"authorization", header)]}, None, send)
+    assert sent[0]["status"] == status
+    if status == 401:
+        assert "the token in /etc/kope/token" in json.loads(sent[1]["body"])["message"]
