@@ -69,6 +69,7 @@ class HomeProxy:
         self.home = home
         self._tools: types.ListToolsResult | None = None
         self._settings_checked = False
+        self._settings_warning: str | None = None
 
     def _client(self, state: daemon.DaemonState, ctx: Any) -> Client:
         headers = {"Authorization": f"Bearer {state.token}"} if state.token else {}
@@ -132,27 +133,36 @@ class HomeProxy:
                           "every acknowledged result intact.")
 
     def _with_settings_warning(self, result: types.CallToolResult) -> types.CallToolResult:
-        """The first answer says when this client's KOPE_* settings are not the ones its home's daemon uses."""
-        if self._settings_checked:
+        """Every answer whose structured form has `warnings` says when this client's KOPE_* settings are not the
+        ones its home's daemon uses (the first answer also in its text, for clients that read only that)."""
+        first = not self._settings_checked
+        if first:
+            self._settings_checked = True
+            self._settings_warning = self._settings_mismatch()
+            if self._settings_warning:
+                log.warning("%s", self._settings_warning)
+        warning = self._settings_warning
+        if not warning:
             return result
-        self._settings_checked = True
+        if isinstance(result.structured_content, dict) and isinstance(result.structured_content.get("warnings"),
+                                                                      list):
+            result.structured_content["warnings"].append(warning)
+        if first:
+            result.content.append(types.TextContent(type="text", text=f"warning: {warning}"))
+        return result
+
+    def _settings_mismatch(self) -> str | None:
         state = daemon.read_state(self.home)
         if state is None or not state.settings:
-            return result
+            return None
         mine = KopeSettings.from_env().client_visible()
         differ = [f"{k}={mine[k] or '(unset)'} (the daemon uses {state.settings[k] or '(unset)'})" for k in sorted(mine)
                   if k in state.settings and mine[k] != state.settings[k]]
         if not differ:
-            return result
-        warning = (f"this client's settings {', '.join(differ)} are not in effect: the daemon that serves "
-                   f"{self.home} (pid {state.pid}) uses its own. Run `kope serve --no-daemon` for private settings, "
-                   "or `kope daemon stop` so the next call starts a daemon with this client's")
-        log.warning("%s", warning)
-        if isinstance(result.structured_content, dict) and isinstance(result.structured_content.get("warnings"),
-                                                                      list):
-            result.structured_content["warnings"].append(warning)
-        result.content.append(types.TextContent(type="text", text=f"warning: {warning}"))
-        return result
+            return None
+        return (f"this client's settings {', '.join(differ)} are not in effect: the daemon that serves "
+                f"{self.home} (pid {state.pid}) uses its own. Run `kope serve --no-daemon` for private settings, "
+                "or `kope daemon stop` so the next call starts a daemon with this client's")
 
     async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
         return await self._with_owner(ctx, lambda c: c.list_prompts())

@@ -247,7 +247,8 @@ def test_memory_commands_work_while_an_on_demand_daemon_owns_the_home(tmp_path, 
     assert daemon.running(home) is None
 
 
-def test_a_client_whose_settings_differ_from_the_daemons_is_told_in_its_first_answer(tmp_path, monkeypatch):
+def test_a_client_whose_settings_differ_from_the_daemons_is_told_first_and_in_every_answers_warnings(
+        tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("KOPE_HOME", str(home))
     monkeypatch.delenv("KOPE_MAX_SOURCE_BYTES", raising=False)
@@ -265,6 +266,8 @@ def test_a_client_whose_settings_differ_from_the_daemons_is_told_in_its_first_an
                            for t in texts), texts
                 second = await client.call_tool("list_tasks", {"family": "matmul"})
                 assert not any("KOPE_MAX_SOURCE_BYTES" in c.text for c in second.content if c.type == "text")
+                later = await client.call_tool("compile_kernel", {"task_id": "vector_add", "source": VECTOR_ADD_OK})
+                assert any("KOPE_MAX_SOURCE_BYTES=1000" in w for w in later.structured_content["warnings"])
     try:
         anyio.run(body)
     finally:

@@ -48,3 +48,27 @@ def test_a_stdio_client_can_compile_test_and_survive_a_crashing_kernel(tmp_path)
 
     anyio.run(body)
     assert (tmp_path / "home" / "memory.kuzu").is_file()
+
+
+def test_ordinary_calls_write_nothing_to_the_clients_log(tmp_path):
+    from mcp.client.stdio import stdio_client
+
+    from kope_mcp import daemon
+
+    home = tmp_path / "home"
+    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve"], env=env)
+    errlog = tmp_path / "stderr.txt"
+
+    async def body():
+        with errlog.open("w") as err, anyio.fail_after(120):
+            async with Client(stdio_client(params, errlog=err)) as client:
+                for _ in range(3):
+                    assert not (await client.call_tool("list_tasks", {"family": "matmul"})).is_error
+
+    try:
+        anyio.run(body)
+    finally:
+        daemon.stop(home)
+    # The proxy's HTTP client logged ~7 INFO lines per call to the client's log (Claude Desktop's mcp-*.log).
+    assert errlog.read_text().strip() == ""
