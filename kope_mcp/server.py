@@ -13,6 +13,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 
 import kope_mcp
+from kope_mcp.errors import KopeError
 from kope_mcp.instructions import INSTRUCTIONS
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tools import memory as memory_tools
@@ -30,7 +31,11 @@ class KopeMCPServer(MCPServer[AppState]):
                         context: Context[AppState, Any] | None = None) -> Any:
         try:
             return await super().call_tool(name, arguments, context)
-        except UnexpectedToolError:
+        except UnexpectedToolError as exc:
+            # The one place a KopeError (a call the model can fix) becomes the tool error: the SDK wraps anything a
+            # handler raises but ToolError as a crash; its own text is the message the model reads.
+            if isinstance(exc.__cause__, KopeError):
+                raise ToolError(str(exc.__cause__)) from exc.__cause__
             raise  # a crash: the SDK keeps its text off the wire and logs the traceback
         except ToolError as exc:
             message = model_facing_message(name, exc)

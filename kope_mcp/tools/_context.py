@@ -10,10 +10,9 @@ from typing import Any, TypeVar
 import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-from kope_mcp.errors import MAX_AGENT_CHARS, KopeError, check_length
+from kope_mcp.errors import MAX_AGENT_CHARS, check_length
 from kope_mcp.memory.records import AgentInfo
 from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
@@ -44,16 +43,13 @@ class LiveState:
         return self.state
 
 
-def agent_info(ctx: Context[Any, Any], label: str | None = None) -> AgentInfo:
+def agent_info(ctx: Context[AppState], label: str | None = None) -> AgentInfo:
     """The MCP client that is calling, from its clientInfo (initialize handshake or discover), plus the agent
     label the caller chose (which model or role: clients with one name can run several)."""
     params = getattr(ctx.session, "client_params", None)
     info = getattr(params, "client_info", None)
     label = label.strip() if label and label.strip() else None
-    try:
-        check_length("agent", label, MAX_AGENT_CHARS)
-    except KopeError as exc:  # evaluated as a handler's argument, outside call_service
-        raise ToolError(str(exc)) from exc
+    check_length("agent", label, MAX_AGENT_CHARS)
     if info is None:
         return AgentInfo(label=label)
     return AgentInfo(name=info.name or "unknown", version=info.version or "", label=label)
@@ -63,22 +59,18 @@ AGENT_LABEL_DOC = ("Who is working, beyond the client's name: the model or role,
                    "with the session and lessons so other agents can see whose experience they read.")
 
 
-def app_state(ctx: Context[Any, Any]) -> AppState:
-    state = ctx.request_context.lifespan_context
-    assert isinstance(state, AppState)
-    return state
+def app_state(ctx: Context[AppState]) -> AppState:
+    return ctx.request_context.lifespan_context
 
 
-async def call_service(ctx: Context[Any, Any], fn: Callable[..., T], *args: Any, progress: bool = False,
+async def call_service(ctx: Context[AppState], fn: Callable[..., T], *args: Any, progress: bool = False,
                        **kwargs: Any) -> T:
-    """Run a blocking service call in a worker thread; a KopeError becomes a ToolError the model can read."""
+    """Run a blocking service call in a worker thread (a KopeError it raises becomes the tool error in one place,
+    ``KopeMCPServer.call_tool``)."""
 
     def report(done: float, total: float, message: str) -> None:
         anyio.from_thread.run(ctx.report_progress, done, total, message)
 
     if progress:
         kwargs["progress"] = report
-    try:
-        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
-    except KopeError as exc:
-        raise ToolError(str(exc)) from exc
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))

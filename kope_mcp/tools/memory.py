@@ -12,7 +12,7 @@ from pydantic import Field
 
 from kope_mcp.models import Phase, QueryResult, RecordResult
 from kope_mcp.services.memory_admin import memory_stats
-from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, LiveState, agent_info, app_state, call_service
+from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, AppState, LiveState, agent_info, app_state, call_service
 
 
 def register(server: MCPServer[Any], live: LiveState) -> None:
@@ -22,7 +22,7 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         annotations=APPENDS,
     )
     async def record_experience(
-        ctx: Context[Any, Any],
+        ctx: Context[AppState],
         strategy: Annotated[str, Field(description="The optimisation, e.g. 'blocking 64x64 for L1'.")],
         lesson: Annotated[str, Field(description="What you learned, in one or two sentences, for future attempts.")],
         kernel_id: Annotated[str | None, Field(
@@ -41,8 +41,9 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         With kernel_id the label and speedup come from the measurements; without one the lesson is stored as
         unverified and ranks below measured evidence. Next: query_experience before your next attempt.
         """
-        return await call_service(ctx, app_state(ctx).experience.record_experience, strategy, lesson, kernel_id,
-                                  session_id, task_id, opt_layer, rationale, hardware, agent_info(ctx, agent))
+        return await call_service(ctx, app_state(ctx).experience.record_experience, strategy=strategy, lesson=lesson,
+                                  kernel_id=kernel_id, session_id=session_id, task_id=task_id, opt_layer=opt_layer,
+                                  rationale=rationale, hardware=hardware, agent=agent_info(ctx, agent))
 
     @server.tool(
         name="query_experience",
@@ -50,7 +51,7 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
     )
     async def query_experience(
-        ctx: Context[Any, Any],
+        ctx: Context[AppState],
         query: Annotated[str, Field(description="What you are about to do or stuck on, in words (cut at 2000 chars).")],
         task_id: Annotated[str | None, Field(description="The task you work on.")] = None,
         session_id: Annotated[str | None, Field(
@@ -77,8 +78,9 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         why each was chosen (including which agent produced it). Experience from every client and model sharing
         this memory is used by default; pass agent to prefer or keep one agent's. Call it before every new attempt.
         """
-        return await call_service(ctx, app_state(ctx).experience.query_experience, query, task_id, session_id,
-                                  phase, hardware, token_budget, agent, agent_mode, backend)
+        return await call_service(ctx, app_state(ctx).experience.query_experience, query=query, task_id=task_id,
+                                  session_id=session_id, phase=phase, hardware=hardware, token_budget=token_budget,
+                                  agent=agent, agent_mode=agent_mode, backend=backend)
 
     @server.resource("kope://memory/history", name="memory_history", title="The whole experience memory",
                      mime_type="text/markdown")

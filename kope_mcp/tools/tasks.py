@@ -11,7 +11,7 @@ from pydantic import Field
 
 from kope_mcp.models import TaskDetail, TaskList
 from kope_mcp.services.catalogue import describe_task, list_tasks
-from kope_mcp.tools._context import app_state, call_service
+from kope_mcp.tools._context import AppState, app_state, call_service
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
@@ -19,7 +19,7 @@ _READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_wor
 def register(server: MCPServer[Any]) -> None:
     @server.tool(name="list_tasks", title="List kernel tasks", annotations=_READ_ONLY)
     async def list_tasks_tool(
-        ctx: Context[Any, Any],
+        ctx: Context[AppState],
         family: Annotated[str | None, Field(description="Only this family, e.g. 'matmul', 'reduction'.")] = None,
         level: Annotated[int | None, Field(ge=1, le=4, description="Only this difficulty level (1-4).")] = None,
     ) -> TaskList:
@@ -29,11 +29,11 @@ def register(server: MCPServer[Any]) -> None:
 
         Next: call get_task(task_id) for the prototype, reference and rules of the one you will work on.
         """
-        return await call_service(ctx, list_tasks, app_state(ctx).workbench, family, level)
+        return await call_service(ctx, list_tasks, app_state(ctx).workbench, family=family, level=level)
 
     @server.tool(name="get_task", title="Get one task", annotations=_READ_ONLY)
     async def get_task_tool(
-        ctx: Context[Any, Any],
+        ctx: Context[AppState],
         task_id: Annotated[str, Field(description="A task id from list_tasks, e.g. 'matmul'.")],
     ) -> TaskDetail:
         """Everything needed to write the kernel: what it computes, the exact C prototype, the numpy reference,
@@ -43,4 +43,4 @@ def register(server: MCPServer[Any]) -> None:
 
         Next: write the source and call compile_kernel(task_id, source, backend=...).
         """
-        return await call_service(ctx, describe_task, app_state(ctx).workbench, task_id)
+        return await call_service(ctx, describe_task, app_state(ctx).workbench, task_id=task_id)

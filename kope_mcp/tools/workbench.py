@@ -10,7 +10,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from kope_mcp.models import CompileResult, ProfileReport, TestReport
-from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, agent_info, app_state, call_service
+from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, AppState, agent_info, app_state, call_service
 
 KernelId = Annotated[str, Field(description="The kernel_id returned by compile_kernel.")]
 
@@ -22,7 +22,7 @@ def register(server: MCPServer[Any]) -> None:
         annotations=APPENDS,
     )
     async def compile_kernel(
-        ctx: Context[Any, Any],
+        ctx: Context[AppState],
         task_id: Annotated[str, Field(description="The task this kernel implements (see list_tasks).")],
         source: Annotated[str, Field(description="The complete source defining `kernel` in the backend's language "
                                      "(at most 256 KiB).")],
@@ -50,16 +50,16 @@ def register(server: MCPServer[Any]) -> None:
         normal result (ok=false): fix the lines it names and compile again with the same session_id. A session
         stays on one backend. Next on success: run_tests(kernel_id).
         """
-        return await call_service(ctx, app_state(ctx).workbench.compile_kernel, task_id, source, backend,
-                                  session_id, parent_id, strategy, flags, progress=True,
-                                  agent=agent_info(ctx, agent), target_arch=target_arch)
+        return await call_service(ctx, app_state(ctx).workbench.compile_kernel, task_id=task_id, source=source,
+                                  backend=backend, session_id=session_id, parent_id=parent_id, strategy=strategy,
+                                  flags=flags, progress=True, agent=agent_info(ctx, agent), target_arch=target_arch)
 
     @server.tool(
         name="run_tests",
         title="Test a kernel against the reference",
         annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=True, open_world_hint=False),
     )
-    async def run_tests(ctx: Context[Any, Any], kernel_id: KernelId) -> TestReport:
+    async def run_tests(ctx: Context[AppState], kernel_id: KernelId) -> TestReport:
         """Run the kernel on every correctness case of its task (2 input seeds each, sizes including 1 and odd
         tails, values that break naive formulas) and on one case drawn for this run near the profiling size, in
         a sandbox, and compare with the float64 reference within the task's tolerance.
@@ -72,7 +72,7 @@ def register(server: MCPServer[Any]) -> None:
         elements and the first bad index. Next: fix and recompile when it failed; profile_kernel(kernel_id) when
         it passed.
         """
-        return await call_service(ctx, app_state(ctx).workbench.run_tests, kernel_id, progress=True)
+        return await call_service(ctx, app_state(ctx).workbench.run_tests, kernel_id=kernel_id, progress=True)
 
     @server.tool(
         name="profile_kernel",
@@ -80,7 +80,7 @@ def register(server: MCPServer[Any]) -> None:
         annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False, open_world_hint=False),
     )
     async def profile_kernel(
-        ctx: Context[Any, Any],
+        ctx: Context[AppState],
         kernel_id: KernelId,
         deterministic: Annotated[bool, Field(
             description="Also count instructions and cache misses with valgrind (repeatable, slower).")] = False,
@@ -100,5 +100,6 @@ def register(server: MCPServer[Any]) -> None:
         would a failed test. Refuses a kernel that was not tested or failed. Next: keep it if its CI lies above
         your best, then try the next idea.
         """
-        return await call_service(ctx, app_state(ctx).workbench.profile_kernel, kernel_id, deterministic,
-                                  time_reference, progress=True, agent=agent_info(ctx))
+        return await call_service(ctx, app_state(ctx).workbench.profile_kernel, kernel_id=kernel_id,
+                                  deterministic=deterministic, time_reference=time_reference, progress=True,
+                                  agent=agent_info(ctx))
