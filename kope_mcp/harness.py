@@ -21,6 +21,7 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -302,19 +303,19 @@ def _omp_team_size() -> int | None:
     return int(fn())
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], run: Callable[..., dict[str, Any]] | None = None) -> int:
+    """Run the job file ``argv[1]``: a test run here; a profile's coordinator (:mod:`kope_mcp.harness_profile`)
+    passes its own ``run``, which gets the timing channel too."""
     job_path = Path(argv[1])
     job = json.loads(job_path.read_text())
     fds = job["fds"]
     out = ResultWriter(fds["result"])
     progress = Channel(fds.get("progress"))
     try:
-        if job["mode"] == "test":
+        if run is None:
             result = run_test(job, job_path.parent, out, progress)
         else:
-            from kope_mcp.harness_profile import run_profile
-
-            result = run_profile(job, job_path.parent, out, progress, Channel(fds.get("timing"), fds.get("ack")))
+            result = run(job, job_path.parent, out, progress, Channel(fds.get("timing"), fds.get("ack")))
     except LoadError as exc:
         result = {"fatal": "load_error", "message": str(exc)}
     out.finish(result)

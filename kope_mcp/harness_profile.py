@@ -21,6 +21,7 @@ import math
 import mmap
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from kope_mcp.harness import (
     _omp_team_size,
     _relative_iqr,
     bitwise_equal,
+    main,
     poison,
 )
 from kope_mcp.harness_guard import CpuUsage, Scheduling, SetStream, TamperedError
@@ -428,3 +430,7 @@ def _describe(status: int | None) -> str:
         except ValueError:
             return f"was killed by signal {-status}"
     return f"exited with code {status} instead of returning"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv, run=run_profile))

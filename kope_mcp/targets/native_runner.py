@@ -331,7 +331,8 @@ class NativeRunner:
             # An OpenMP team that spin-waits after each region holds every CPU and delays the timekeeper's stamp
             # of the batch's end by 1.5-2 ms, so its timings could not be corroborated: the team sleeps instead.
             env["OMP_WAIT_POLICY"] = "passive"
-        outcome, raw = self._run(job, sets, task, wall_s, env, libraries, timing_cpu=timing_cpu)
+        outcome, raw = self._run(job, sets, task, wall_s, env, libraries, timing_cpu=timing_cpu,
+                                 harness="kope_mcp.harness_profile")
         # Timings that could not be corroborated still come with the outputs the coordinator read back: a wrong
         # kernel is then reported as wrong (see verdicts.profile_failure).
         if outcome.status == "ok" or (outcome.status == "unverified" and raw):
