@@ -23,13 +23,16 @@ def rank(parts: tuple[str, ...]) -> int:
     return 4 if head in ENTRY else LAYERS.get(head, 0)
 
 
-def imported(path: Path) -> list[str]:
+def imported(path: Path, with_names: bool = False) -> list[str]:
+    """Modules ``path`` imports; ``with_names`` adds ``pkg.name`` for ``from pkg import name`` (a submodule)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.append(node.module)
+            if with_names:
+                found += [f"{node.module}.{alias.name}" for alias in node.names]
     return found
 
 
@@ -66,3 +69,54 @@ def test_the_boundary_check_catches_an_upward_import_and_a_leaked_library(tmp_pa
         "services/handler.py imports mcp.types (mcp belongs to tools/ and the entry points)",
         "services/handler.py imports kuzu (only memory/store.py may)",
     ]
+
+
+def import_cycles(package: Path) -> list[list[str]]:
+    """Groups of modules that import each other, directly or around a loop (lazy imports count)."""
+    modules = {".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = set()
+        for module in imported(path, with_names=True):
+            while module and module not in modules:
+                module = module.rpartition(".")[0]
+            if module and module not in (name, package.name):
+                graph[name].add(module)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in order:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], order[nxt])
+        if low[node] == order[node]:
+            group = stack[stack.index(node):]
+            del stack[stack.index(node):]
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in graph:
+        if node not in order:
+            visit(node)
+    return cycles
+
+
+def test_no_module_imports_itself_around_a_loop():
+    assert import_cycles(PACKAGE) == []
+
+
+def test_the_cycle_check_finds_a_loop_through_a_lazy_import(tmp_path):
+    package = tmp_path / "kope_mcp"
+    package.mkdir()
+    (package / "a.py").write_text("from kope_mcp.b import x\n")
+    (package / "b.py").write_text("x = 1\ndef f():\n    from kope_mcp import a\n")
+    (package / "c.py").write_text("from kope_mcp.a import x\n")
+    assert import_cycles(package) == [["kope_mcp.a", "kope_mcp.b"]]
