@@ -100,7 +100,15 @@ async def _demo_session() -> int:
         if not fixed_test["passed"]:
             return 1
         fast = await call("profile_kernel", kernel_id=fixed["kernel_id"])
-        step(f"profile optimised: median {fast['kernel']['median_s'] * 1e3:.2f} ms")
+        for _ in range(2):
+            if not (fast["noisy"] or fast["suspect"]):
+                break
+            # What the product tells an agent: a noisy or suspect verdict teaches nothing, measure again.
+            reasons = "; ".join(fast["noise_reasons"] + fast["suspect_reasons"])
+            step(f"profile optimised: not clean ({reasons[:120]}), profiling again")
+            fast = await call("profile_kernel", kernel_id=fixed["kernel_id"])
+        step(f"profile optimised: median {fast['kernel']['median_s'] * 1e3:.2f} ms"
+             + ("" if not (fast["noisy"] or fast["suspect"]) else " (still not clean: the machine is busy)"))
         recorded = await call("record_experience", kernel_id=fixed["kernel_id"], strategy=FAST_STRATEGY,
                               lesson="i-k-j order makes the inner loop contiguous, so -O3 vectorises it",
                               rationale="the naive i-j-k loop reads B by columns")

@@ -240,9 +240,12 @@ def test_memory_commands_work_while_an_on_demand_daemon_owns_the_home(tmp_path, 
     monkeypatch.setenv("KOPE_HOME", str(home))
     state = daemon.ensure(home)
     assert daemon.running(home) is not None
-    assert main(["memory", "stats"]) == 0
+    assert main(["memory", "stats"]) == 0  # read-only: the daemon answers it and keeps serving
     captured = capsys.readouterr()
-    assert '"schema_version"' in captured.out
+    assert '"schema_version"' in captured.out and "stopped" not in captured.err
+    assert daemon.running(home).pid == state.pid
+    assert main(["memory", "export", str(tmp_path / "out.jsonl")]) == 0  # needs the database to itself
+    captured = capsys.readouterr()
     assert f"stopped the home's on-demand daemon (pid {state.pid})" in captured.err
     assert daemon.running(home) is None
 
