@@ -300,14 +300,15 @@ def test_a_task_added_while_the_daemon_serves_is_served_by_that_daemon_without_a
     assert "serve it from their next call" in capsys.readouterr().out
 
 
-def _profile_beside(home: Path, monkeypatch, admin: list[str]) -> tuple[object, float]:
-    """Profile a kernel through the home's daemon and run the `kope` admin command beside it, 2 s in: the profile's
-    answer and how long the admin command took."""
+def _profile_beside(home: Path, monkeypatch, admin: list[str]) -> tuple[daemon.DaemonState, object, float]:
+    """Start the home's daemon, profile a kernel through it and run the `kope` admin command beside it once the
+    profile is under way: the daemon, the profile's answer, and how long the admin command took."""
     from kope_mcp.cli import main
 
     monkeypatch.setenv("KOPE_HOME", str(home))
     monkeypatch.setenv("KOPE_EMBEDDINGS", "off")
-    monkeypatch.setenv("KOPE_PROFILE_S", "4")
+    monkeypatch.setenv("KOPE_PROFILE_S", "6")  # long enough that the command lands inside the measurement
+    state = daemon.ensure(home)
     said: dict[str, object] = {}
 
     async def body():
@@ -315,25 +316,33 @@ def _profile_beside(home: Path, monkeypatch, admin: list[str]) -> tuple[object, 
             compiled = await call(client, "compile_kernel", task_id="vector_add", source=VECTOR_ADD_OK)
             await call(client, "run_tests", kernel_id=compiled["kernel_id"])
 
+            measuring = anyio.Event()
+
+            async def progressed(done: float, total: float | None, message: str | None) -> None:
+                if message and message.startswith("measuring"):
+                    measuring.set()
+
             async def profile():
-                said["profile"] = await client.call_tool("profile_kernel", {"kernel_id": compiled["kernel_id"]})
+                said["profile"] = await client.call_tool("profile_kernel", {"kernel_id": compiled["kernel_id"]},
+                                                         progress_callback=progressed)
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(profile)
-                await anyio.sleep(2.0)
+                with anyio.fail_after(120):
+                    await measuring.wait()
+                await anyio.sleep(1.0)  # inside the measurement (a 6 s cap)
                 start = time.monotonic()
                 said["rc"] = await anyio.to_thread.run_sync(main, admin)
                 said["admin_s"] = time.monotonic() - start
 
     anyio.run(body)
     assert said["rc"] == 0
-    return said["profile"], float(said["admin_s"])
+    return state, said["profile"], float(said["admin_s"])
 
 
 def test_memory_stats_beside_a_running_profile_is_answered_by_the_daemon_which_keeps_serving(home, monkeypatch,
                                                                                             capsys):
-    state = daemon.ensure(home)
-    profile, _ = _profile_beside(home, monkeypatch, ["memory", "stats"])
+    state, profile, _ = _profile_beside(home, monkeypatch, ["memory", "stats"])
     assert not profile.is_error, profile.content
     assert profile.structured_content["failure"] is None
     assert '"schema_version"' in capsys.readouterr().out
@@ -342,8 +351,7 @@ def test_memory_stats_beside_a_running_profile_is_answered_by_the_daemon_which_k
 
 def test_a_daemon_stopped_during_a_profile_ends_it_with_one_clear_error_and_the_next_call_is_served(home,
                                                                                                    monkeypatch):
-    state = daemon.ensure(home)
-    profile, stop_s = _profile_beside(home, monkeypatch, ["daemon", "stop"])
+    state, profile, stop_s = _profile_beside(home, monkeypatch, ["daemon", "stop"])
     assert profile.is_error and profile.content[0].text.startswith("server_stopping:"), profile.content
     assert stop_s < 15, stop_s  # the run in flight is ended, not waited for
     assert not daemon._owner_alive(home)
