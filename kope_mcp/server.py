@@ -13,7 +13,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 
 import kope_mcp
-from kope_mcp.errors import KopeError
+from kope_mcp.errors import KopeError, ServerStoppingError
 from kope_mcp.instructions import INSTRUCTIONS
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tools import memory as memory_tools
@@ -36,6 +36,10 @@ class KopeMCPServer(MCPServer[AppState]):
             # handler raises but ToolError as a crash; its own text is the message the model reads.
             if isinstance(exc.__cause__, KopeError):
                 raise ToolError(str(exc.__cause__)) from exc.__cause__
+            from kope_mcp.sandbox import stopping
+
+            if stopping():  # a run the stopping server ended mid-way (a reference pool, say): not a crash
+                raise ToolError(str(ServerStoppingError(name))) from exc
             raise  # a crash: the SDK keeps its text off the wire and logs the traceback
         except ToolError as exc:
             message = model_facing_message(name, exc)

@@ -234,7 +234,10 @@ def test_a_memory_imported_from_another_home_is_served_as_evidence_from_there_an
     line = next(x for x in said.splitlines() if x.startswith(f"{compiled.kernel_id} (matmul): imported effective"))
     local_id = line.split(" as ")[1].split()[0]
     home = Workbench(make_settings(home_b))
-    local = home.store.attempt(local_id)
-    assert local.origin == "" and local.ok and local.correct and local.speedup is not None
-    assert f"here {local.label}" in line
-    assert any(compiled.kernel_id in note.text for note in home.store.lessons_for_attempt(local_id))
+    try:
+        local = home.store.attempt(local_id)
+        assert local.origin == "" and local.ok and local.correct and local.speedup is not None
+        assert f"here {local.label}" in line
+        assert any(compiled.kernel_id in note.text for note in home.store.lessons_for_attempt(local_id))
+    finally:
+        home.memory.close()

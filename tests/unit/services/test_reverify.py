@@ -30,21 +30,28 @@ def test_a_forged_import_whose_hash_was_recomputed_is_measured_here_for_what_it_
     path.write_text("\n".join(lines) + "\n")
 
     other = Workbench(make_settings(tmp_path / "home-b"), workbench.tasks)
+    try:
+        _reverify_forged(other, path, naive.kernel_id)
+    finally:
+        other.memory.close()
+
+
+def _reverify_forged(other: Workbench, path, naive_id: str) -> None:
     report = import_memory(other.memory, path, home_id="home-b")
     assert not report.edited  # the hash cannot tell: only a measurement here can
     wins = imported_wins(other, report.origin)
-    assert [w.kernel_id for w in wins] == [naive.kernel_id]
+    assert [w.kernel_id for w in wins] == [naive_id]
 
     [result] = reverify(other, wins)
-    assert result.here_id and result.here_id != naive.kernel_id
+    assert result.here_id and result.here_id != naive_id
     assert result.there.startswith("effective 55.00x") and report.origin in result.there
     here = other.store.attempt(result.here_id)
     assert here.origin == "" and here.label == result.here_label != "effective", result
     assert here.speedup is not None and here.speedup < 3.0
     # The imported attempt keeps what it claimed, as evidence from elsewhere; the pair is found together.
-    assert other.store.attempt(naive.kernel_id).speedup == 55.0
+    assert other.store.attempt(naive_id).speedup == 55.0
     [note] = other.store.lessons_for_attempt(result.here_id)
-    assert naive.kernel_id in note.text and "55.00x" in note.text and note.verified == here.teaches
+    assert naive_id in note.text and "55.00x" in note.text and note.verified == here.teaches
     answer = ExperienceService(other.memory, other.tasks).query_experience(
         "what worked for vector add here?", task_id="vector_add", token_budget=3000)
     assert not any(i.tier == "warm" and i.kind == "case" and i.label == "effective" for i in answer.items)
