@@ -1,4 +1,4 @@
-"""A whole execution target in one module: the README's "Add a target" example and the tests' proof that the
+"""A whole execution target in one module: the "Add a target" example of docs/backends.md and the tests' proof that the
 workbench is device-agnostic. Pure Python (numpy), so it runs anywhere.
 
 The source is a Python module defining ``kernel(**arguments)`` over numpy arrays (outputs written in place). A

@@ -1,7 +1,7 @@
 """`kope tasks import-kernelbench PATH...`: KernelBench problems (a PyTorch Model, get_inputs, get_init_inputs)
 become C tasks under KOPE_HOME/tasks.
 
-The scaling rule (also in the README): the problem's module-level integers of 16 or more are its sizes
+The scaling rule (also in docs/tasks.md): the problem's module-level integers of 16 or more are its sizes
 (smaller ones are kernel sizes, strides, dims and stay as written). All sizes are divided by the same power of
 two, 2**k with the smallest k >= 0, until (1) every array of the kernel together holds at most 2**24 elements
 and (2) the PyTorch reference (float64, this machine) runs in under 0.1 s (a naive C kernel may be 10-50x

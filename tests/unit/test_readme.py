@@ -9,11 +9,24 @@ def test_ci_runs_the_readmes_test_line_verbatim():
     assert test_line in (ROOT / ".ci" / "run").read_text()
 
 
-def test_readme_documents_every_packaged_task():
+def test_the_tasks_page_documents_every_packaged_task():
     from kope_mcp.tasks.registry import TaskRegistry
 
+    page = (ROOT / "docs" / "tasks.md").read_text()
+    assert all(f"`{t.id}`" in page for t in TaskRegistry.default().list())
+
+
+def test_the_readme_is_a_front_door_and_every_link_in_it_and_the_docs_resolves():
+    import re
+
     readme = (ROOT / "README.md").read_text()
-    assert all(f"`{t.id}`" in readme for t in TaskRegistry.default().list())
+    assert len(readme) <= 15_000, len(readme)
+    for name in ("README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))):
+        text = re.sub(r"```.*?```|`[^`]*`", "", (ROOT / name).read_text(), flags=re.S)  # code is not a link
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            assert ((ROOT / name).parent / target).exists(), f"{name}: a link to {target} leads nowhere"
 
 
 def test_the_troubleshooting_table_lists_every_error_code():
@@ -31,8 +44,7 @@ def test_the_troubleshooting_table_lists_every_error_code():
 
     codes = {c.code for c in subclasses(KopeError)} - {"kope_error"}
     codes |= {"invalid_argument", "unknown_tool", "daemon_unavailable"}
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "troubleshooting.md").read_text()
     listed = set(re.findall(r"`([a-z_]+)`", section))
     assert codes <= listed, sorted(codes - listed)
     assert errors_module.KopeError.code == "kope_error"
