@@ -28,6 +28,7 @@ from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCA
 from kope_mcp.memory.vectors import VectorIndex
 from kope_mcp.models import ProfileReport, TestReport
 from kope_mcp.services.embedding_backlog import EmbeddingBacklog
+from kope_mcp.services.memory_transfer import MemoryTransfer
 from kope_mcp.tasks.loader import Task
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-class ExperienceMemory:
+class ExperienceMemory(MemoryTransfer):
     """The memory's one front door: services record, read and search experience through this class, never
     through its store, vectors or embedder."""
 

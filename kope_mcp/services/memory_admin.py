@@ -29,9 +29,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kope_mcp.errors import KopeError, UnknownExperienceError
-from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
+from kope_mcp.errors import KopeError
+from kope_mcp.memory.records import LessonRecord
 from kope_mcp.services.memory import ExperienceMemory, now
+from kope_mcp.services.memory_transfer import MemoryStats
 
 FORMAT = "kope-memory"
 VERSION = 1
@@ -39,15 +40,6 @@ VERSION = 1
 
 class InvalidExportError(KopeError):
     code = "invalid_export"
-
-
-class MemoryStats(BaseModel):
-    schema_version: int
-    counts: dict[str, int]
-    attempts_by_label: dict[str, int]
-    hardware: list[str]
-    database_bytes: int
-    semantic_search: str
 
 
 class ImportReport(BaseModel):
@@ -80,33 +72,15 @@ def _line_hash(kind: str, data: dict[str, Any]) -> str:
 
 
 def memory_stats(memory: ExperienceMemory) -> MemoryStats:
-    store = memory.store
-    size = sum(p.stat().st_size for p in (store.path, Path(f"{store.path}.wal")) if p.exists())
-    return MemoryStats(schema_version=store.schema_version(), counts=store.counts(),
-                       attempts_by_label=store.label_counts(), hardware=store.hardware_keys(), database_bytes=size,
-                       semantic_search=memory.embedder.status)
+    return memory.stats()
 
 
 def show_item(memory: ExperienceMemory, item_id: str) -> dict[str, Any]:
-    store = memory.store
-    if item_id.startswith("k-") and store.has_node("Attempt", "kernel_id", item_id):
-        attempt = store.attempt(item_id)
-        return {"attempt": attempt.model_dump(),
-                "successors": [s.kernel_id for s in store.successors(item_id)],
-                "lessons": [lesson.model_dump() for lesson in store.lessons_for_attempt(item_id)]}
-    if item_id.startswith("x-") and store.has_node("Lesson", "lesson_id", item_id):
-        return {"lesson": store.lesson(item_id).model_dump()}
-    if item_id.startswith("s-") and store.has_node("Session", "session_id", item_id):
-        return {"session": store.session(item_id).model_dump(),
-                "attempts": [{"kernel_id": a.kernel_id, "parent_id": a.parent_id, "label": a.label,
-                              "speedup": a.speedup, "strategy": a.strategy}
-                             for a in store.attempts_in_session(item_id)]}
-    raise UnknownExperienceError(item_id)
+    return memory.describe(item_id)
 
 
 def export_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> dict[str, int]:
-    store = memory.store
-    counts = store.counts()
+    counts = memory.counts()
     with path.open("w", encoding="utf-8") as fh:
         def write(kind: str, data: dict[str, Any]) -> None:
             if kind != "header":
@@ -115,20 +89,8 @@ def export_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> di
 
         write("header", {"format": FORMAT, "version": VERSION, "exported_at": now(), "counts": counts,
                          "home_id": home_id})
-        for node in store.raw_nodes("Task"):
-            write("task", node)
-        for node in store.raw_nodes("Hardware"):
-            write("hardware", node)
-        for strategy in store.strategies():
-            write("strategy", strategy.model_dump())
-        for session in store.sessions():
-            write("session", session.model_dump())
-        for attempt in store.all_attempts():
-            write("attempt", attempt.model_dump())
-        for node in sorted(store.raw_nodes("Lesson"), key=lambda n: n["created_at"]):
-            write("lesson", node)
-        for item_id, kind, vector in store.embeddings():
-            write("embedding", {"id": item_id, "item_kind": kind, "model": "all-MiniLM-L6-v2", "vector": vector})
+        for kind, record in memory.records():
+            write(kind, record)
     return counts
 
 
@@ -153,10 +115,10 @@ def import_into_copy(memory_path: Path, export: Path,
     try:
         report = import_memory(memory, export, home_id)
     except BaseException:
-        memory.store.close()
+        memory.close()
         remove_staging(memory_path)
         raise
-    memory.store.close()
+    memory.close()
     leftovers = [p for p in staging.parent.glob(staging.name + "*") if p != staging]
     if leftovers:  # a clean close leaves the database file alone; anything else and the copy is not whole
         remove_staging(memory_path)
@@ -205,7 +167,7 @@ def import_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> Im
     finally:
         memory.forget_cached()  # the import wrote to the store directly
         if importer.added.get("lesson"):
-            memory.store.rebuild_text_index()
+            memory.rebuild_text_index()
     if importer.added:
         memory.queue_backlog()  # a server importing embeds what it imported; `kope memory import` has no model
     return ImportReport(added=importer.added, skipped_existing=importer.skipped, edited=importer.edited,
@@ -275,12 +237,11 @@ LESSON_CHUNK = 2000  # lessons per write: one UNWIND statement and a COPY per ed
 def _import_lessons(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
     """Write a chunk of lessons at once (row by row, 50k lessons took 19 minutes); returns how many were new.
     Edges go only to nodes that exist, as the row-by-row MATCH ... CREATE did."""
-    store = memory.store
     records: list[tuple[LessonRecord, str]] = []
     for row in rows:
         if not isinstance(row.get("lesson_id"), str):
             raise InvalidExportError(f"{path}:{row['_line']}: a lesson needs a string lesson_id")
-    seen = store.existing_ids("Lesson", "lesson_id", [row["lesson_id"] for row in rows])
+    seen = memory.known_lesson_ids([row["lesson_id"] for row in rows])
     for row in rows:
         line = row.pop("_line")
         if row["lesson_id"] in seen:
@@ -292,50 +253,9 @@ def _import_lessons(memory: ExperienceMemory, path: Path, rows: list[dict[str, A
         except ValueError as exc:
             raise InvalidExportError(f"{path}:{line}: {type(exc).__name__}: {exc}") from None
     if records:
-        store.bulk_lessons(records, rebuild_text_index=False)  # import_memory rebuilds it once, at the end
-        for lesson, _ in records:
-            memory.index_lesson(lesson)
+        memory.add_lessons(records)  # import_memory rebuilds the text index once, at the end
     return len(records)
 
 
 def _import_row(memory: ExperienceMemory, kind: str, row: dict[str, Any]) -> bool:
-    store = memory.store
-    if kind == "task":
-        if store.has_node("Task", "id", row["id"]):
-            return False
-        store.upsert_task(row["id"], row["family"], row["level"], row["summary"])
-    elif kind == "hardware":
-        if store.has_node("Hardware", "key", row["key"]):
-            return False
-        store.upsert_hardware(row["key"], row["arch"], row["cpu_model"], row["cores"], json.loads(row["isa"]),
-                              json.loads(row["caches"]))
-    elif kind == "strategy":
-        if store.has_node("Strategy", "strategy_id", row["strategy_id"]):
-            return False
-        store.add_strategy(StrategyRecord.model_validate(row))
-        memory.forget_cached_strategies()
-    elif kind == "session":
-        if store.has_node("Session", "session_id", row["session_id"]):
-            return False
-        store.add_session(SessionRecord.model_validate(row))
-    elif kind == "attempt":
-        if store.has_node("Attempt", "kernel_id", row["kernel_id"]):
-            return False
-        record = AttemptRecord.model_validate(row)
-        store.add_attempt(record)
-        memory.index.upsert_attempt(record)
-    elif kind == "lesson":
-        if store.has_node("Lesson", "lesson_id", row["lesson_id"]):
-            return False
-        text = row.pop("search_text", "") or row.get("text", "")
-        lesson = LessonRecord.model_validate(row)
-        store.add_lesson(lesson, text)
-        memory.index_lesson(lesson)
-    elif kind == "embedding":
-        if store.has_node("Embedding", "id", row["id"]):
-            return False
-        store.set_embedding(row["id"], row["item_kind"], row["model"], row["vector"])
-        memory.vectors.add(row["id"], row["item_kind"], row["vector"])
-    else:
-        raise ValueError(f"unknown kind {kind!r}")
-    return True
+    return memory.add_record(kind, row)

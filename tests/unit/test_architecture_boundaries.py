@@ -120,3 +120,24 @@ def test_the_cycle_check_finds_a_loop_through_a_lazy_import(tmp_path):
     (package / "b.py").write_text("x = 1\ndef f():\n    from kope_mcp import a\n")
     (package / "c.py").write_text("from kope_mcp.a import x\n")
     assert import_cycles(package) == [["kope_mcp.a", "kope_mcp.b"]]
+
+
+# The memory's one front door: only ExperienceMemory (and the parts it is built from) touches its store, its
+# embedder and its vectors; every other module reaches them through it.
+MEMORY_INSIDES = ("kope_mcp.memory.store", "kope_mcp.memory.embedder", "kope_mcp.memory.vectors",
+                  "kope_mcp.memory.bulk", "kope_mcp.memory.journal")
+FRONT_DOOR = {"services/memory.py", "services/memory_transfer.py", "services/embedding_backlog.py",
+              "memory/store.py", "memory/bulk.py", "memory/journal.py", "memory/embedder.py", "memory/vectors.py"}
+
+
+def test_only_the_memorys_front_door_touches_its_store_embedder_and_vectors():
+    reaching = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = "/".join(path.relative_to(PACKAGE).parts)
+        if where in FRONT_DOOR or rank(path.relative_to(PACKAGE).parts) == 4:
+            continue  # entry points may open a store (tools/ scripts, the CLI's recovery paths)
+        text = path.read_text(encoding="utf-8")
+        reaching += [f"{where} imports {module}" for module in imported(path) if module in MEMORY_INSIDES]
+        reaching += [f"{where} uses memory.{part}" for part in ("store", "embedder", "vectors", "index")
+                     if f"memory.{part}." in text]
+    assert reaching == []

@@ -1,0 +1,138 @@
+"""The memory's bulk side: statistics, one item in full, and its records in export order, written back one by
+one or a chunk of lessons at once. A part of :class:`~kope_mcp.services.memory.ExperienceMemory` (its mixin), so
+that `kope memory` (services/memory_admin.py) reaches the store, the index and the vectors through the memory's
+one front door like every other service."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from kope_mcp.errors import UnknownExperienceError
+from kope_mcp.memory.embedder import MODEL_NAME
+from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
+
+if TYPE_CHECKING:
+    from kope_mcp.memory.embedder import BackgroundEmbedder
+    from kope_mcp.memory.retrieval_index import RetrievalIndex
+    from kope_mcp.memory.store import KuzuExperienceStore
+    from kope_mcp.memory.vectors import VectorIndex
+
+
+class MemoryStats(BaseModel):
+    schema_version: int
+    counts: dict[str, int]
+    attempts_by_label: dict[str, int]
+    hardware: list[str]
+    database_bytes: int
+    semantic_search: str
+
+
+class MemoryTransfer:
+    store: KuzuExperienceStore
+    index: RetrievalIndex
+    vectors: VectorIndex
+    embedder: BackgroundEmbedder
+
+    def index_lesson(self, lesson: LessonRecord) -> None: ...  # ExperienceMemory's
+    def forget_cached_strategies(self) -> None: ...  # ExperienceMemory's
+
+    def stats(self) -> MemoryStats:
+        store = self.store
+        size = sum(p.stat().st_size for p in (store.path, Path(f"{store.path}.wal")) if p.exists())
+        return MemoryStats(schema_version=store.schema_version(), counts=store.counts(),
+                           attempts_by_label=store.label_counts(), hardware=store.hardware_keys(),
+                           database_bytes=size, semantic_search=self.embedder.status)
+
+    def describe(self, item_id: str) -> dict[str, Any]:
+        """An attempt (with its successors and lessons), a lesson or a session, in full."""
+        store = self.store
+        if item_id.startswith("k-") and store.has_node("Attempt", "kernel_id", item_id):
+            return {"attempt": store.attempt(item_id).model_dump(),
+                    "successors": [s.kernel_id for s in store.successors(item_id)],
+                    "lessons": [lesson.model_dump() for lesson in store.lessons_for_attempt(item_id)]}
+        if item_id.startswith("x-") and store.has_node("Lesson", "lesson_id", item_id):
+            return {"lesson": store.lesson(item_id).model_dump()}
+        if item_id.startswith("s-") and store.has_node("Session", "session_id", item_id):
+            return {"session": store.session(item_id).model_dump(),
+                    "attempts": [{"kernel_id": a.kernel_id, "parent_id": a.parent_id, "label": a.label,
+                                  "speedup": a.speedup, "strategy": a.strategy}
+                                 for a in store.attempts_in_session(item_id)]}
+        raise UnknownExperienceError(item_id)
+
+    def counts(self) -> dict[str, int]:
+        return self.store.counts()
+
+    def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(kind, fields) of every node, parents before children: tasks, hardware, strategies, sessions, attempts
+        (oldest first, so a PREV parent precedes its child), lessons, embeddings."""
+        store = self.store
+        yield from (("task", node) for node in store.raw_nodes("Task"))
+        yield from (("hardware", node) for node in store.raw_nodes("Hardware"))
+        yield from (("strategy", strategy.model_dump()) for strategy in store.strategies())
+        yield from (("session", session.model_dump()) for session in store.sessions())
+        yield from (("attempt", attempt.model_dump()) for attempt in store.all_attempts())
+        yield from (("lesson", node) for node in sorted(store.raw_nodes("Lesson"), key=lambda n: n["created_at"]))
+        for item_id, kind, vector in store.embeddings():
+            yield "embedding", {"id": item_id, "item_kind": kind, "model": MODEL_NAME, "vector": vector}
+
+    def add_record(self, kind: str, row: dict[str, Any]) -> bool:
+        """Write one record of :meth:`records`' form; False when a node with its id exists (merging skips it)."""
+        store = self.store
+        if kind == "task":
+            if store.has_node("Task", "id", row["id"]):
+                return False
+            store.upsert_task(row["id"], row["family"], row["level"], row["summary"])
+        elif kind == "hardware":
+            if store.has_node("Hardware", "key", row["key"]):
+                return False
+            store.upsert_hardware(row["key"], row["arch"], row["cpu_model"], row["cores"], json.loads(row["isa"]),
+                                  json.loads(row["caches"]))
+        elif kind == "strategy":
+            if store.has_node("Strategy", "strategy_id", row["strategy_id"]):
+                return False
+            store.add_strategy(StrategyRecord.model_validate(row))
+            self.forget_cached_strategies()
+        elif kind == "session":
+            if store.has_node("Session", "session_id", row["session_id"]):
+                return False
+            store.add_session(SessionRecord.model_validate(row))
+        elif kind == "attempt":
+            if store.has_node("Attempt", "kernel_id", row["kernel_id"]):
+                return False
+            record = AttemptRecord.model_validate(row)
+            store.add_attempt(record)
+            self.index.upsert_attempt(record)
+        elif kind == "lesson":
+            if store.has_node("Lesson", "lesson_id", row["lesson_id"]):
+                return False
+            text = row.pop("search_text", "") or row.get("text", "")
+            lesson = LessonRecord.model_validate(row)
+            store.add_lesson(lesson, text)
+            self.index_lesson(lesson)
+        elif kind == "embedding":
+            if store.has_node("Embedding", "id", row["id"]):
+                return False
+            store.set_embedding(row["id"], row["item_kind"], row["model"], row["vector"])
+            self.vectors.add(row["id"], row["item_kind"], row["vector"])
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+        return True
+
+    def known_lesson_ids(self, lesson_ids: list[str]) -> set[str]:
+        """Those of ``lesson_ids`` already in the memory."""
+        return self.store.existing_ids("Lesson", "lesson_id", lesson_ids)
+
+    def add_lessons(self, lessons: list[tuple[LessonRecord, str]]) -> None:
+        """Write new lessons (with their search texts) at once: one statement and a COPY per edge table; the text
+        index is rebuilt by :meth:`rebuild_text_index` once the whole import is in."""
+        self.store.bulk_lessons(lessons, rebuild_text_index=False)
+        for lesson, _ in lessons:
+            self.index_lesson(lesson)
+
+    def rebuild_text_index(self) -> None:
+        self.store.rebuild_text_index()
