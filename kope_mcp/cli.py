@@ -352,14 +352,11 @@ def _stats_from_owner(home: Any) -> str | None:
     import anyio
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client  # the SDK's own client factory (headers, timeouts)
 
     from kope_mcp.http_server import MCP_PATH
 
     async def read() -> str:
-        headers = {"Authorization": f"Bearer {state.token}"} if state.token else {}
-        transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH,
-                                           http_client=create_mcp_http_client(headers=headers))
+        transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH, http_client=daemon.http_client(state))
         with anyio.fail_after(30):
             async with Client(transport) as client:
                 result = await client.read_resource("kope://memory/stats")

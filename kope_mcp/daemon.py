@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -210,6 +211,15 @@ def _released(home: Path, timeout_s: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def http_client(state: DaemonState) -> Any:
+    """An HTTP client for the owner's MCP endpoint, with its token: 30 s to connect and write, 300 s to read (a
+    profile's answer and the event stream take a while). The SDK's own factory for this is private."""
+    import httpx2
+
+    headers = {"Authorization": f"Bearer {state.token}"} if state.token else {}
+    return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
 
 
 def describe(state: DaemonState) -> str:

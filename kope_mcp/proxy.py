@@ -27,7 +27,6 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 import kope_mcp
@@ -72,10 +71,8 @@ class HomeProxy:
         self._settings_warning: str | None = None
 
     def _client(self, state: daemon.DaemonState, ctx: Any) -> Client:
-        headers = {"Authorization": f"Bearer {state.token}"} if state.token else {}
         client_info = _caller(ctx)
-        transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH,
-                                           http_client=create_mcp_http_client(headers=headers))
+        transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH, http_client=daemon.http_client(state))
         return Client(transport, client_info=client_info, mode="legacy")
 
     async def _with_owner(self, ctx: Any, call: Any) -> Any:

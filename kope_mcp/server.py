@@ -56,6 +56,8 @@ class KopeMCPServer(MCPServer[AppState]):
 
         from kope_mcp.stdio_input import stdio_wire
 
+        # MCPServer.run_stdio_async with our own stdin reader (stdio_input: malformed lines answered, not fatal):
+        # the SDK has no public way to hand it streams, so this runs its low-level server the way it does.
         wire = stdio_wire(jsonrpc_message_adapter)
         async with stdio_server(*wire) as (read_stream, write_stream):  # type: ignore[arg-type]
             await self._lowlevel_server.run(read_stream, write_stream,
