@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
     add_bench_parser(sub)
     memory = sub.add_parser("memory", help="inspect and move the experience memory under KOPE_HOME")
-    memory.add_argument("action", choices=["stats", "show", "export", "import"])
+    memory.add_argument("action", choices=["stats", "show", "export", "import", "recover"],
+                        help="recover: a memory that does not open is opened as of its last checkpoint (every file "
+                             "kept in a copy)")
     memory.add_argument("target", nargs="?", help="an id for `show`, a .jsonl file for `export`/`import`")
     memory.add_argument("--reverify", action="store_true",
                         help="import: re-measure here every imported win (compile, run_tests and profile each in "
@@ -404,7 +406,7 @@ def _memory(action: str, target: str | None, reverify: bool = False) -> int:
     )
     from kope_mcp.settings import KopeSettings
 
-    if action != "stats" and not target:
+    if action not in ("stats", "recover") and not target:
         print(f"usage: kope memory {action} {'ID' if action == 'show' else 'FILE.jsonl'}", file=sys.stderr)
         return 2
     settings = KopeSettings.from_env()
@@ -418,6 +420,16 @@ def _memory(action: str, target: str | None, reverify: bool = False) -> int:
     refusal = _free_home(settings.home, f"memory {action}")
     if refusal is not None:
         print(refusal, file=sys.stderr)
+        return 2
+    from kope_mcp.services.memory_recovery import MemoryDamagedError, check_opens, recover
+
+    try:
+        if action == "recover":
+            print(recover(settings.memory_path).message)
+            return 0
+        check_opens(settings.memory_path)
+    except MemoryDamagedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         # No embedding model here: export/import carry the vectors, stats and show do not need them.

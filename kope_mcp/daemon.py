@@ -182,7 +182,7 @@ def _spawn(home: Path, timeout_s: float) -> DaemonState:
             if state is not None:
                 return state
             raise DaemonError(f"the kope daemon for {home} exited with code {child.returncode} before listening: "
-                              f"{_tail(log_path)}")
+                              f"{_tail(log_path, 400)}")
         time.sleep(0.05)
     raise DaemonError(f"the kope daemon for {home} did not start within {timeout_s:.0f} s; see {log_path}")
 
