@@ -172,8 +172,11 @@ def test_a_kernel_wrong_at_the_profiling_size_is_called_wrong_even_when_its_timi
 
 
 def test_a_forged_trailer_in_the_result_descriptor_is_refused(workbench):
+    # A wrong kernel (every output +1000) that writes a result claiming no cases into every file it holds: it
+    # must not pass, whether its bytes corrupt the result (refused) or are passed over (its outputs are judged).
     body = r"""
     static int done;
+    pwned = 1000.0f;
     if (!done) {
         done = 1;
         const char fake[] = "{\"cases\": []}";
