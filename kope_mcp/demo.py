@@ -42,8 +42,9 @@ def _say_daemon_left(stream: Any) -> None:
 
     owner = daemon.running(KopeSettings.from_env().home)
     if owner is not None and owner.on_demand:
-        print(f"The home's daemon (pid {owner.pid}) serves other clients too and exits after "
-              f"{os.environ.get('KOPE_DAEMON_IDLE_S', '600')} s idle; `kope daemon stop` stops it now.", file=stream)
+        print(f"The home's daemon (pid {owner.pid}) serves other clients too and exits "
+              f"{os.environ.get('KOPE_DAEMON_IDLE_S', '600')} s after its last client leaves; `kope daemon stop` "
+              "stops it now.", file=stream)
 
 
 async def _demo_session() -> int:
