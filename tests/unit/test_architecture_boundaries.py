@@ -11,7 +11,7 @@ import kope_mcp
 
 PACKAGE = Path(kope_mcp.__file__).parent
 # Processes' mains: the CLI and servers, the benchmark drivers, and the programs the sandbox runs.
-ENTRY = {"cli", "server", "proxy", "http_server", "daemon", "demo", "demo_sources", "__main__", "bench",
+ENTRY = {"cli", "cli_memory", "server", "proxy", "http_server", "daemon", "demo", "demo_sources", "__main__", "bench",
          "reference_worker", "kernelbench_worker"}
 LAYERS = {"tools": 3, "services": 2, "memory": 1, "targets": 1, "tasks": 1}
 ONLY_IN = {"kuzu": {"memory/store.py"}, "sentence_transformers": {"memory/embedder.py"}}
