@@ -108,7 +108,9 @@ class OwnerLink:
                         request = await self._inbox.receive()
                         pending.append(request)
                         tg.start_soon(self._serve, client, request)
-            except _CAUGHT as exc:  # the session broke (task groups wrap transport errors): drop it
+            except (Exception, BaseExceptionGroup) as exc:  # the session broke (however it did): drop it, keep serving
+                if isinstance(exc, BaseExceptionGroup) and not exc.split(Exception)[0]:
+                    raise  # nothing but cancellation inside: the proxy is ending
                 for request in pending:
                     if not request.done.is_set():
                         self._answer(request, error=exc)

@@ -72,3 +72,27 @@ def test_ordinary_calls_write_nothing_to_the_clients_log(tmp_path):
         daemon.stop(home)
     # The proxy's HTTP client logged ~7 INFO lines per call to the client's log (Claude Desktop's mcp-*.log).
     assert errlog.read_text().strip() == ""
+
+
+def test_a_stdio_client_outlives_its_homes_daemon_between_calls(tmp_path):
+    from kope_mcp import daemon
+
+    home = tmp_path / "home"
+    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve"], env=env)
+
+    async def body():
+        with anyio.fail_after(180):
+            async with Client(params) as client:
+                assert not (await client.call_tool("list_tasks", {"family": "matmul"})).is_error
+                first = daemon.running(home)
+                await anyio.to_thread.run_sync(daemon.stop, home)  # the proxy's kept session breaks
+                await anyio.sleep(1.5)  # its event stream notices and retries meanwhile
+                again = await client.call_tool("list_tasks", {"family": "matmul"})
+                assert not again.is_error, again.content
+                assert daemon.running(home).pid != first.pid
+
+    try:
+        anyio.run(body)
+    finally:
+        daemon.stop(home)
