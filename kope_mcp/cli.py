@@ -215,20 +215,6 @@ def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
     return 0
 
 
-def _seconds(name: str, default: float) -> float:
-    from kope_mcp.settings import InvalidSettingError
-
-    text = os.environ.get(name)
-    try:
-        value = float(text) if text is not None else default
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise InvalidSettingError(f"{name}={text!r} is not a positive number of seconds; unset it for the default "
-                                  f"({default:g})")
-    return value
-
-
 def _daemon(action: str) -> int:
     import secrets
 
@@ -240,7 +226,9 @@ def _daemon(action: str) -> int:
     settings = KopeSettings.from_env()
     if action == "run":
         configure_logging("INFO")
-        idle = _seconds("KOPE_DAEMON_IDLE_S", 600.0)
+        from kope_mcp.settings import positive_number
+
+        idle = positive_number("KOPE_DAEMON_IDLE_S", float, "a positive number of seconds", 600.0)
         options = HttpOptions(host="127.0.0.1", port=0, token=secrets.token_urlsafe(32), idle_exit_s=idle,
                               token_source=f"the on-demand daemon's, in {settings.home}/daemon/state.json")
         return _own_and_serve_http(settings, options, on_demand=True)

@@ -88,21 +88,19 @@ def memory_command(action: str, target: str | None, reverify: bool = False) -> i
     if refusal is not None:
         print(refusal, file=sys.stderr)
         return 2
-    from kope_mcp.services.memory_recovery import MemoryDamagedError, check_opens, recover
+    from kope_mcp.services.memory_recovery import MemoryDamagedError, recover
 
     try:
         if action == "recover":
             print(recover(settings.memory_path).message)
             return 0
-        check_opens(settings.memory_path)
-    except MemoryDamagedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
         # No embedding model here: export/import carry the vectors, stats and show do not need them.
         memory = ExperienceMemory.open(settings.memory_path, embeddings=False, why_off=(
             "not loaded by `kope memory` (a server loads it)" if settings.embeddings else
             "disabled by KOPE_EMBEDDINGS=off"))
+    except MemoryDamagedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:  # kuzu reports a held lock as a RuntimeError
         print(f"error: the memory in {settings.home} is in use by another process ({str(exc)[:120]}); a client may "
               "just have started its daemon: run the command again, or `kope daemon stop` first", file=sys.stderr)

@@ -27,7 +27,6 @@ from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, Transpo
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kope_mcp.errors import KopeError
-from kope_mcp.sandbox import end_all_runs
 from kope_mcp.settings import KopeSettings
 
 log = logging.getLogger(__name__)
@@ -282,6 +281,8 @@ def _stopping_server_class() -> type[Any]:
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if not self.should_exit:
+                from kope_mcp.sandbox import end_all_runs  # not at import: the stdio proxy imports this module
+
                 ended = end_all_runs()
                 log.info("stopping (signal %d): ended %d run(s) in flight", sig, ended)
                 watchdog = threading.Timer(STOP_DEADLINE_S, _exit_now)

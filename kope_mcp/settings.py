@@ -18,8 +18,11 @@ class InvalidSettingError(KopeError):
 _SWITCH = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
 
 
-def _number(name: str, kind: type[int] | type[float], what: str, default: object) -> int | float:
-    text = os.environ[name]
+def positive_number(name: str, kind: type[int] | type[float], what: str, default: float) -> float:
+    """A positive int or float KOPE_* variable; unset: ``default``."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
     try:
         value = kind(text.strip())
     except ValueError:
@@ -62,10 +65,11 @@ class KopeSettings(BaseModel):
             "selection": env.get("KOPE_SELECTION", ""),
         }
         if "KOPE_MAX_SOURCE_BYTES" in env:
-            values["max_source_bytes"] = _number("KOPE_MAX_SOURCE_BYTES", int, "a positive whole number of bytes",
-                                                 256 * 1024)
+            values["max_source_bytes"] = positive_number("KOPE_MAX_SOURCE_BYTES", int,
+                                                         "a positive whole number of bytes", 256 * 1024)
         if "KOPE_PROFILE_S" in env:
-            values["profile_time_cap_s"] = _number("KOPE_PROFILE_S", float, "a positive number of seconds", 3.0)
+            values["profile_time_cap_s"] = positive_number("KOPE_PROFILE_S", float, "a positive number of seconds",
+                                                           3.0)
         values.update(overrides)
         return cls.model_validate(values)
 

@@ -23,6 +23,7 @@ class Candidate:
     bm25: float = 0.0
     cosine: float = 0.0
     reasons: list[str] = field(default_factory=list)
+    about_same_error: bool = False  # a lesson written on an attempt that failed with the question's error
 
 
 @dataclass
@@ -105,8 +106,10 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
                      key=lambda a: (a.error_signature != state.signature, a.task_id != state.task_id))
     fixes = memory.fixes_of(failing[:config.max_fix_lookups]) if failing else {}
     same_error = [a.kernel_id for a in failing if state.signature and a.error_signature == state.signature]
+    about_same_error: set[str] = set()
     for lesson in memory.lessons_about(same_error[:config.max_fix_lookups]):
         lessons.setdefault(lesson.lesson_id, lesson)
+        about_same_error.add(lesson.lesson_id)
         reasons.setdefault(lesson.lesson_id, []).append("written about the same error")
     latest_id = state.latest.kernel_id if state.latest is not None else None
     for kid, rec in attempts.items():
@@ -129,5 +132,6 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
                                reasons=reasons.get(kid, []))
     for lid, lesson in lessons.items():
         found[lid] = Candidate(kind="lesson", item_id=lid, lesson=lesson, bm25=bm25.get(lid, 0.0),
-                               cosine=cosine.get(lid, 0.0), reasons=reasons.get(lid, []))
+                               cosine=cosine.get(lid, 0.0), reasons=reasons.get(lid, []),
+                               about_same_error=lid in about_same_error)
     return found

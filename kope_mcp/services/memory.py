@@ -28,6 +28,7 @@ from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCA
 from kope_mcp.memory.vectors import VectorIndex
 from kope_mcp.models import ProfileReport, TestReport
 from kope_mcp.services.embedding_backlog import EmbeddingBacklog
+from kope_mcp.services.memory_recovery import check_opens
 from kope_mcp.services.memory_transfer import MemoryTransfer
 from kope_mcp.tasks.loader import Task
 
@@ -54,7 +55,9 @@ class ExperienceMemory(MemoryTransfer):
     def open(cls, path: Path, embeddings: bool = True, why_off: str = "disabled by KOPE_EMBEDDINGS=off"
              ) -> ExperienceMemory:
         """The memory at ``path`` (a Kùzu database), embedding in the background when ``embeddings`` (else
-        ``why_off`` is what its status says)."""
+        ``why_off`` is what its status says). Raises MemoryDamagedError, with what to do, when the database's log
+        cannot be replayed (tried first in a child process: a damaged log can crash the opener)."""
+        check_opens(path)
         return cls(KuzuExperienceStore(path), BackgroundEmbedder(embeddings, why_off=why_off))
 
     def __init__(self, store: KuzuExperienceStore, embedder: BackgroundEmbedder) -> None:

@@ -82,4 +82,4 @@ def fixes_the_error(lesson: LessonRecord, cand: Candidate, state: QueryState, co
     came from."""
     return (state.phase in ("compile_error", "incorrect") and lesson.label in ("compile_error", "incorrect")
             and (max(cand.bm25, cand.cosine) >= config.fix_text_match
-                 or "written about the same error" in cand.reasons))
+                 or cand.about_same_error))

@@ -45,7 +45,6 @@ from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch,
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.fair_slot import FairSlot
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
-from kope_mcp.services.memory_recovery import check_opens
 from kope_mcp.services.profile_inputs import draw_profile_inputs
 from kope_mcp.services.references import ReferenceRunner
 from kope_mcp.services.stats import paired_speedup, ratio_spread, summarize
@@ -106,8 +105,6 @@ class Workbench:
         if removed := remove_stale_scratch(settings.scratch_dir):
             log.info("removed %d scratch folder(s) left by servers that are gone", removed)
         self.tasks = tasks or TaskRegistry.default(settings.home, watch=TASKS_WATCH_S)
-        if memory is None:
-            check_opens(settings.memory_path)  # a log that cannot be replayed: said, not a crash at open
         self.memory = memory or ExperienceMemory.open(settings.memory_path, settings.embeddings)
         # For tests and tools that inspect the graph; the workbench itself goes through self.memory.
         self.store = self.memory.store

@@ -15,6 +15,7 @@ into valgrind's memory) is why these counts are advice for the agent: they never
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -103,7 +104,7 @@ def parse_summary(log: str) -> CallgrindCounts | str:
 
     Valgrind writes its header before the driver starts, so its pid is known before any kernel code could write;
     its summary is two lines with that pid. Any other "Events"/"Collected" text (a kernel writing a summary of its
-    own through ``/proc/self/fd``) makes the log ambiguous, and no counts are given."""
+    own into the log's descriptor, whose number stays open in the process) makes the log ambiguous: no counts."""
     header = _HEADER.match(log)
     if header is None:
         return "valgrind's log does not start with its header"
@@ -160,7 +161,8 @@ def count_kernel(task: Task, library: Path, inputs: dict[str, np.ndarray], sizes
             return f"the measurement driver did not build: {build.stderr_tail[-500:]}"
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
-            fcntl.fcntl(write_end, _F_SETPIPE_SZ, _LOG_CAP)
+            with contextlib.suppress(OSError):  # over this user's pipe quota: the default 64 KiB holds a summary too
+                fcntl.fcntl(write_end, _F_SETPIPE_SZ, _LOG_CAP)
             run = run_sandboxed(
                 ["valgrind", "--tool=callgrind", "--toggle-collect=kernel", "--cache-sim=yes",
                  "--callgrind-out-file=/dev/null", f"--log-fd={write_end}", "./driver"],
