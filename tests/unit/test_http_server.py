@@ -70,7 +70,9 @@ def test_a_stop_request_ends_the_runs_in_flight_and_arms_an_exit_deadline(monkey
     fired, ended = threading.Event(), []
     monkeypatch.setattr(http_server, "STOP_DEADLINE_S", 0.05)
     monkeypatch.setattr(http_server, "_exit_now", fired.set)
-    monkeypatch.setattr(http_server, "end_all_runs", lambda: ended.append(1) or 0)
+    from kope_mcp import sandbox
+
+    monkeypatch.setattr(sandbox, "end_all_runs", lambda: ended.append(1) or 0)
     server = http_server._stopping_server_class()(uvicorn.Config(app=RequestBodyLimit(None, 1, 1)))
     server.handle_exit(signal.SIGTERM, None)
     assert server.should_exit and ended == [1]
