@@ -95,42 +95,40 @@ class OwnerLink:
             first = await self._inbox.receive()
             try:
                 state = await anyio.to_thread.run_sync(daemon.ensure, self.home)
-            except Exception as exc:  # no owner could be found or started: this request says so
+            except daemon.DaemonError as exc:
                 self._answer(first, error=exc)
                 continue
-            pending = {first}  # answered requests leave it (a long session serves thousands)
+            pending = [first]
             try:
                 transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH,
                                                    http_client=daemon.http_client(state))
                 async with Client(transport, client_info=_caller(first.ctx), mode="legacy") as client, \
                         anyio.create_task_group() as tg:
-                    tg.start_soon(self._serve, client, first, pending)
+                    tg.start_soon(self._serve, client, first)
                     while True:
                         request = await self._inbox.receive()
-                        pending.add(request)
-                        tg.start_soon(self._serve, client, request, pending)
+                        pending.append(request)
+                        tg.start_soon(self._serve, client, request)
             except (Exception, BaseExceptionGroup) as exc:  # the session broke (however it did): drop it, keep serving
                 if isinstance(exc, BaseExceptionGroup) and not exc.split(Exception)[0]:
                     raise  # nothing but cancellation inside: the proxy is ending
                 for request in pending:
-                    self._answer(request, error=exc)
+                    if not request.done.is_set():
+                        self._answer(request, error=exc)
                 log.debug("session with the owner ended: %r", exc)
 
-    async def _serve(self, client: Client, request: _Request, pending: set[_Request]) -> None:
+    async def _serve(self, client: Client, request: _Request) -> None:
         try:
             self._answer(request, result=await request.call(client))
         except _CAUGHT as exc:
             self._answer(request, error=exc)
             if any(isinstance(e, (*_CONNECT, *_BROKEN)) or _cut_off(e) for e in _leaves(exc)):
                 raise  # the connection is gone: end the session, the next request opens another
-        finally:
-            pending.discard(request)
 
     @staticmethod
     def _answer(request: _Request, *, result: Any = None, error: BaseException | None = None) -> None:
-        if not request.done.is_set():
-            request.result, request.error = result, error
-            request.done.set()
+        request.result, request.error = result, error
+        request.done.set()
 
 
 class HomeProxy:
@@ -138,16 +136,19 @@ class HomeProxy:
         self.home = home
         self.link = OwnerLink(home)
         self._tools: types.ListToolsResult | None = None
-        self._warned = False
+        self._settings_checked = False
+        self._settings_warning: str | None = None
 
     async def _with_owner(self, ctx: Any, call: Any) -> Any:
         for attempt in (1, 2):
+            state = daemon.read_state(self.home)
             try:
                 return await self.link.request(ctx, call)
+            except daemon.DaemonError:
+                raise
             except _CAUGHT as exc:  # task groups wrap transport errors
                 leaves = _leaves(exc)
                 if all(isinstance(e, _CONNECT) for e in leaves):
-                    state = daemon.read_state(self.home)
                     where = state.url if state is not None else "its address"
                     if attempt == 2:
                         raise daemon.DaemonError(f"cannot reach the kope daemon for {self.home} at {where}: "
@@ -197,12 +198,15 @@ class HomeProxy:
     def _with_settings_warning(self, result: types.CallToolResult) -> types.CallToolResult:
         """Every answer whose structured form has `warnings` says when this client's KOPE_* settings are not the
         ones its home's daemon uses (the first answer also in its text, for clients that read only that)."""
-        warning = self._settings_mismatch
+        first = not self._settings_checked
+        if first:
+            self._settings_checked = True
+            self._settings_warning = self._settings_mismatch()
+            if self._settings_warning:
+                log.warning("%s", self._settings_warning)
+        warning = self._settings_warning
         if not warning:
             return result
-        first, self._warned = not self._warned, True
-        if first:
-            log.warning("%s", warning)
         if isinstance(result.structured_content, dict) and isinstance(result.structured_content.get("warnings"),
                                                                       list):
             result.structured_content["warnings"].append(warning)
@@ -210,9 +214,7 @@ class HomeProxy:
             result.content.append(types.TextContent(type="text", text=f"warning: {warning}"))
         return result
 
-    @functools.cached_property
     def _settings_mismatch(self) -> str | None:
-        """What this client's KOPE_* settings are that its home's daemon does not use (read once)."""
         state = daemon.read_state(self.home)
         if state is None or not state.settings:
             return None
