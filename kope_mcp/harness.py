@@ -16,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
-import math
 import os
 import struct
 import sys
@@ -242,54 +241,6 @@ def _load_reference(task_folder: str) -> Any:
     spec.loader.exec_module(module)
     # An optional benchmark() is what gets timed (a KernelBench import's float32 forward); reference() checks.
     return getattr(module, "benchmark", module.reference)
-
-
-def _relative_iqr(samples: list[float]) -> float:
-    q1, q3 = np.percentile(samples, [25, 75])
-    median = float(np.median(samples))
-    return float((q3 - q1) / median) if median > 0 else math.inf
-
-
-def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype or not (a.flags.c_contiguous and b.flags.c_contiguous):
-        return False
-    word = {8: np.uint64, 4: np.uint32, 2: np.uint16}.get(a.dtype.itemsize, np.uint8)
-    return bool(np.array_equal(a.reshape(-1).view(word), b.reshape(-1).view(word)))
-
-
-class Consistency:
-    """Every timed call of a kernel must write all of its fresh outputs and agree with its own first result
-    on the same inputs: a kernel that skips work when an output is 'already written', or replays a cached
-    result for the wrong inputs, leaves poison or a different answer in some call's buffer."""
-
-    def __init__(self, atol: float, rtol: float) -> None:
-        self.atol, self.rtol = atol, rtol
-        self.anchor: dict[int, dict[str, np.ndarray]] = {}
-        self.bad_calls = 0
-        self.first_problem: str | None = None
-
-    def check(self, set_index: int, outputs: dict[str, np.ndarray], call: int) -> None:
-        anchor = self.anchor.get(set_index)
-        if anchor is None:
-            self.anchor[set_index] = {k: v.copy() for k, v in outputs.items()}
-            return
-        for name, arr in outputs.items():
-            ref = anchor[name]
-            if bitwise_equal(arr, ref):
-                continue  # the common case, a deterministic kernel: bit for bit, without isclose's temporaries
-            if arr.dtype.kind == "f":
-                with np.errstate(invalid="ignore", over="ignore"):
-                    close = np.isclose(arr, ref, atol=self.atol, rtol=self.rtol, equal_nan=True)
-            else:
-                close = arr == ref
-            if not bool(close.all()):
-                self.bad_calls += 1
-                if self.first_problem is None:
-                    bad = int(np.argmax(~close.reshape(-1)))
-                    self.first_problem = (f"timed call {call} on input set {set_index}: {name}[{bad}] = "
-                                          f"{arr.reshape(-1)[bad]!r}, the same kernel's first call on these "
-                                          f"inputs gave {ref.reshape(-1)[bad]!r}")
-                return
 
 
 def _omp_team_size() -> int | None:

@@ -1,13 +1,11 @@
 """What the profile's coordinator watches about the processes it runs (the child side, inside the sandbox).
 
-- ``SetStream``: which input set each call of one implementation gets, drawn by the coordinator after the workers
-  exist, every set once before any comes round again.
 - ``CpuUsage``: the candidate's CPU time against the windows it was resumed for, its threads' CPU masks, and the
   CPU it spent where nothing is timed: threads are measured, not declared.
 - ``Scheduling``: the trusted workers' and the coordinator's policy, nice value and CPU masks, which a candidate
   running as the same identity could change; a change ends the measurement (``TamperedError``).
 
-Only the standard library, numpy and ctypes, like the rest of the harness.
+Only the standard library and ctypes, like the rest of the harness.
 """
 
 from __future__ import annotations
@@ -17,8 +15,6 @@ import ctypes
 import os
 import time
 from dataclasses import dataclass
-
-import numpy as np
 
 _CLOCK_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -60,30 +56,6 @@ class Scheduling:
     def describe(self) -> str:
         cpus = sorted({c for mask in self.cpus for c in mask})
         return f"policy {self.policy}, nice {self.nice}, CPUs {cpus}"
-
-
-class SetStream:
-    """Which input set each call of one implementation gets: every set once in a random order, then again in a
-    new order; the order is drawn by the coordinator and told to the worker one batch at a time."""
-
-    def __init__(self, count: int, rng: np.random.Generator) -> None:
-        self.count, self.rng = count, rng
-        self.pending: list[int] = []
-        self.used = 0
-        self.repeated = 0
-
-    def take(self, n: int) -> list[int]:
-        chosen = []
-        for _ in range(n):
-            if not self.pending:
-                self.pending = [int(i) for i in self.rng.permutation(self.count)]
-            chosen.append(self.pending.pop())
-            self.repeated += self.used >= self.count
-            self.used += 1
-        return chosen
-
-    def would_repeat(self, n: int, enforce: bool) -> bool:
-        return enforce and self.used + n > self.count
 
 
 class CpuUsage:

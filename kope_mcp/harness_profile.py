@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import mmap
 import os
 import signal
@@ -31,19 +30,17 @@ import numpy as np
 from kope_mcp import sandbox_seccomp
 from kope_mcp.harness import (
     Channel,
-    Consistency,
     InputSet,
     LoadError,
     ResultWriter,
     _load_kernel,
     _load_reference,
     _omp_team_size,
-    _relative_iqr,
-    bitwise_equal,
     main,
     poison,
 )
-from kope_mcp.harness_guard import CpuUsage, Scheduling, SetStream, TamperedError
+from kope_mcp.harness_guard import CpuUsage, Scheduling, TamperedError
+from kope_mcp.measurement import Consistency, Schedule, bitwise_equal, measure
 
 _PR_SET_DUMPABLE = 4
 _IOV_MAX = 1024
@@ -138,7 +135,6 @@ class Worker:
     def __init__(self, name: str, pid: int, commands: int, replies: int) -> None:
         self.name, self.pid, self.commands = name, pid, commands
         self.replies = os.fdopen(replies, "rb", buffering=0)
-        self.calls = 0
         self.status: int | None = None  # once it died: its exit status, negative for the signal that ended it
 
     def ask(self, text: str) -> list[str]:
@@ -299,12 +295,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             candidate_omp = int(ready[1]) or None
     expected = {os.getpid(), *(w.pid for w in workers.values())}
     isolated = bool(job.get("pid_namespace"))
-    checks = Consistency(job["consistency_atol"], job["consistency_rtol"])
     candidate = CandidateBuffers(regions["candidate"], workers["candidate"].pid)
-
-    # Drawn here, after every worker was forked: no process that loads a kernel holds this generator's state.
-    streams = {name: SetStream(len(sets), np.random.default_rng(int.from_bytes(os.urandom(16), "little")))
-               for name in names}
     usage = CpuUsage(workers["candidate"].pid, cpu)
     # The trusted workers' scheduling as the coordinator set it up: a candidate runs as the same identity and could
     # renice, re-pin or demote them (SCHED_IDLE made an unchanged kernel 1.65x -> 4.19x). Checked after every
@@ -320,56 +311,42 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
                 raise TamperedError(f"the {name}'s scheduling changed while the candidate ran ({before.describe()} "
                                     f"-> {now.describe()})")
 
-    def sample(name: str, n: int) -> float:
-        worker = workers[name]
-        if name == "candidate":
-            candidate.poison(n)
-        if isolated and _other_processes(expected):
-            raise ForkedError(name)
-        chosen = streams[name].take(n)
-        worker.calls += n
-        if name == "candidate":
-            usage.before()
-        reply = worker.ask("S " + ",".join(map(str, chosen)))
-        if reply[0] != "D" or len(reply) != 3:
-            raise WorkerDied(worker)
-        if name == "candidate":
-            usage.after()
-            check_neighbours()
-            for j, (index, outputs) in enumerate(zip(chosen, candidate.read(n), strict=True)):
-                checks.check(index, outputs, j)
-        return (int(reply[2]) - int(reply[1])) / 1e9 / n
+    class Processes:
+        """This target's primitives for the protocol (kope_mcp/measurement.py): a worker process per
+        implementation, resumed for one batch at a time; the candidate's buffers reached from outside it."""
 
-    cap, target = float(job["time_cap_s"]), float(job.get("sample_target_s", 0.002))
-    min_rounds, max_rounds, rel_iqr_goal = int(job.get("min_rounds", 7)), int(job.get("max_rounds", 5000)), 0.02
+        def poison(self, n: int) -> None:
+            candidate.poison(n)
+
+        def run(self, name: str, chosen: list[int]) -> float:
+            worker = workers[name]
+            if isolated and _other_processes(expected):
+                raise ForkedError(name)
+            if name == "candidate":
+                usage.before()
+            reply = worker.ask("S " + ",".join(map(str, chosen)))
+            if reply[0] != "D" or len(reply) != 3:
+                raise WorkerDied(worker)
+            if name == "candidate":
+                usage.after()
+                check_neighbours()
+            return (int(reply[2]) - int(reply[1])) / 1e9 / len(chosen)
+
+        def read(self, n: int) -> list[dict[str, np.ndarray]]:
+            return candidate.read(n)
+
+    def phase(name: str) -> None:
+        if name == "measure":
+            usage.reset()
+        progress.mark(name)
+        if name == "measure":
+            timing.mark("M")
+
+    schedule = Schedule(time_cap_s=float(job["time_cap_s"]), sample_target_s=float(job.get("sample_target_s", 0.002)),
+                        min_rounds=int(job.get("min_rounds", 7)), max_rounds=int(job.get("max_rounds", 5000)))
     try:
-        progress.mark("warmup")
-        inner: dict[str, int] = {}
-        for name in names:
-            single = max(sample(name, 1), 1e-7)
-            inner[name] = max(1, min(10_000, math.ceil(target / single)))
-            if name != "reference":
-                inner[name] = min(inner[name], buffers)
-        samples: dict[str, list[float]] = {name: [] for name in names}
-        # Where the pool allows min_rounds batches of fresh sets, the measurement ends before a set is timed twice
-        # (a cache of results keyed by the inputs then has nothing to replay); otherwise sets repeat, each call
-        # still checked against the first result on its set.
-        fresh_rounds = len(sets) >= inner["candidate"] * (min_rounds + 1)
-        usage.reset()
-        start = time.perf_counter()
-        rounds = 0
-        progress.mark("measure")
-        timing.mark("M")
-        while rounds < max_rounds:
-            # Rotate the order every round so no implementation always runs right after another one.
-            for name in names[rounds % len(names):] + names[: rounds % len(names)]:
-                samples[name].append(sample(name, inner[name]))
-            rounds += 1
-            if rounds >= min_rounds and (time.perf_counter() - start >= cap or all(
-                    _relative_iqr(samples[k]) <= rel_iqr_goal for k in ("candidate", "baseline") if k in samples)
-                    or streams["candidate"].would_repeat(inner["candidate"], fresh_rounds)):
-                break
-        seconds = time.perf_counter() - start
+        measured = measure(Processes(), names, len(sets), buffers, schedule,
+                           Consistency(job["consistency_atol"], job["consistency_rtol"]), phase)
         if isolated and _other_processes(expected):
             raise ForkedError("candidate")
         inputs_modified = candidate.inputs_modified()
@@ -390,27 +367,17 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         return {"fatal": "crash", "message": f"the coordinator cannot reach the candidate's buffers ({exc}); "
                                              "a kernel that unmapped or protected them?"}
     _end(workers)
-    # The first call's outputs on each set it ran on go back to be judged against the reference: every later
-    # call on the same set was checked against them (bit for bit or within tolerance), so they speak for all.
-    checked = sorted(checks.anchor)
-    for index in checked:
-        for name in sets[index].output_meta:
-            out.array(checks.anchor[index][name])
+    for outputs in measured.anchor_outputs():
+        for name in sets[0].output_meta:
+            out.array(outputs[name])
     return {
-        "checked_sets": checked,
-        "candidate_calls": workers["candidate"].calls,
-        "repeated_calls": streams["candidate"].repeated,
+        **measured.result(),
         "cpu_seconds": round(usage.cpu_s, 6),
         "window_seconds": round(usage.wall_s, 6),
         "cpu_mask_widened": escaped,
         "untimed_cpu_seconds": round(untimed, 6),
         "filled_bytes": sum(a.nbytes for s in sets for a in s.inputs.values()),
-        "inner": inner,
-        "rounds": rounds,
-        "seconds": seconds,
         "cpus": sorted(os.sched_getaffinity(0)),
-        "inconsistent_calls": checks.bad_calls,
-        "inconsistency": checks.first_problem,
         "inputs_modified": inputs_modified,
         "omp_threads": candidate_omp,
     }

@@ -15,6 +15,7 @@ import numpy as np
 
 from kope_mcp.hardware import HardwareProfile
 from kope_mcp.harness import GuardedBuffers, poison
+from kope_mcp.measurement import Consistency, Schedule, measure
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key
@@ -26,6 +27,9 @@ from kope_mcp.tasks.loader import Task
 NUMPY_BASELINES = {
     "vector_add": "import numpy as np\n\ndef kernel(a, b, out, n):\n    np.add(a, b, out=out)\n",
     "relu": "import numpy as np\n\ndef kernel(x, y, n):\n    np.maximum(x, 0.0, out=y)\n",
+    "matmul": "import numpy as np\n\ndef kernel(A, B, C, M, N, K):\n    np.matmul(A, B, out=C)\n",
+    "mse_loss": ("import numpy as np\n\ndef kernel(a, b, out, n):\n"
+                 "    d = a.astype(np.float64) - b\n    out[0] = np.dot(d, d) / n\n"),
 }
 
 
@@ -103,18 +107,55 @@ class FakeNumpyTarget(Target):
 
     def profile(self, task: Task, build_hash: str, sets: list[PreparedCase], *, with_reference: bool,
                 time_cap_s: float, consistency: tuple[float, float], wall_s: float) -> Measurement:
-        impls = {"candidate": self._load(build_hash)}
         baseline = self.compile(task, NUMPY_BASELINES[task.id], [], CompileOptions())
-        impls["baseline"] = self._load(baseline.build_hash)
-        timings = CorroboratedTimings()
-        outputs: list[dict[str, np.ndarray]] = []
-        for _ in range(5):
-            for name, fn in impls.items():
-                start = time.perf_counter()
-                got = [self._call(fn, task, case)[0] for case in sets]
-                timings.samples.setdefault(name, []).append((time.perf_counter() - start) / len(sets))
-                timings.inner[name] = 1
-                if name == "candidate":
-                    outputs = got
-        outcome = HarnessOutcome(status="ok", result={"rounds": 5}, outputs=outputs, timings=timings)
+        kernels = {"candidate": self._load(build_hash), "baseline": self._load(baseline.build_hash)}
+        device = _InProcess(task, sets, kernels)
+        # The protocol every target runs (kope_mcp/measurement.py); only the primitives are this target's.
+        measured = measure(device, ["candidate", "baseline"], len(sets), device.buffers,
+                           Schedule(time_cap_s=time_cap_s), Consistency(*consistency))
+        timings = CorroboratedTimings(samples=measured.samples, inner=measured.inner)
+        outcome = HarnessOutcome(status="ok", result=measured.result(), outputs=measured.anchor_outputs(),
+                                 timings=timings)
         return Measurement(outcome=outcome, baseline_key="baseline")
+
+
+class _InProcess:
+    """The fake's primitives for the measurement protocol: the kernels are functions in this process, each
+    implementation with its own copy of the inputs and its own output buffers (as many as 48 MiB hold)."""
+
+    def __init__(self, task: Task, sets: list[PreparedCase], kernels: dict[str, Any]) -> None:
+        self.task, self.sets, self.kernels = task, sets, kernels
+        outputs = task.outputs()
+        per_call = sum(int(np.prod(task.spec.shape_of(a, sets[0].sizes))) * np.dtype(a.dtype).itemsize for a in outputs)
+        self.buffers = max(1, min(10_000, (48 << 20) // max(1, per_call)))
+        self.inputs = {name: [{k: v.copy() for k, v in case.inputs.items()} for case in sets] for name in kernels}
+        self.outputs = {name: [{a.name: np.empty(task.spec.shape_of(a, sets[0].sizes), a.dtype) for a in outputs}
+                               for _ in range(self.buffers)] for name in kernels}
+
+    def poison(self, n: int) -> None:
+        for buffer in self.outputs["candidate"][:n]:
+            for arr in buffer.values():
+                poison(arr)
+
+    def run(self, name: str, chosen: list[int]) -> float:
+        calls = []
+        for j, i in enumerate(chosen):
+            kwargs: dict[str, Any] = {}
+            for a in self.task.spec.args:
+                if a.kind == "in":
+                    kwargs[a.name] = self.inputs[name][i][a.name]
+                elif a.kind == "out":
+                    kwargs[a.name] = self.outputs[name][j][a.name]
+                elif a.kind == "size":
+                    kwargs[a.name] = self.sets[i].sizes[a.name]
+                else:
+                    kwargs[a.name] = a.value
+            calls.append(kwargs)
+        fn = self.kernels[name]
+        start = time.perf_counter()
+        for kwargs in calls:
+            fn(**kwargs)
+        return (time.perf_counter() - start) / len(chosen)
+
+    def read(self, n: int) -> list[dict[str, np.ndarray]]:
+        return self.outputs["candidate"][:n]

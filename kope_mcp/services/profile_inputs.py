@@ -4,7 +4,7 @@ reference's time allow, each with its reference outputs.
 Why so many, and why fresh: a kernel that keeps results keyed by the content of its inputs replays them whenever
 an input set comes round again (with the two fixed sets of old it measured 196-321x on matmul, and 3-6x when
 throttled to recompute a third of the rows). The harness times each set at most once while the pool lasts (see
-harness_profile.SetStream), so such a cache has nothing to replay; where the sets are too large to draw more than
+measurement.SetStream), so such a cache has nothing to replay; where the sets are too large to draw more than
 a few (16M-element reductions), every repeated call is checked against the first result on its set. The seed is
 drawn per profile and never published, so no expected output can be learnt from one profile (a failure message
 shows an expected value) and used in the next.
