@@ -45,6 +45,8 @@ def free_home(home: Any, purpose: str) -> str | None:
     state = daemon.running(home)
     if state is None:
         return None
+    if state.holder:
+        return f"error: {home} is held by `{state.holder}` (pid {state.pid}): run this again when it has finished"
     if not state.on_demand:
         return (f"error: {home} is served by pid {state.pid} ({state.url or 'kope serve --no-daemon'}); "
                 f"`kope {purpose}` needs its database to itself: stop that server first")
@@ -59,18 +61,6 @@ def free_home(home: Any, purpose: str) -> str | None:
 
 
 def memory_command(action: str, target: str | None, reverify: bool = False) -> int:
-    import json
-    from pathlib import Path
-
-    from kope_mcp.errors import KopeError
-    from kope_mcp.services.memory import ExperienceMemory
-    from kope_mcp.services.memory_admin import (
-        export_memory,
-        home_identity,
-        import_into_copy,
-        memory_stats,
-        show_item,
-    )
     from kope_mcp.settings import KopeSettings
 
     if action not in ("stats", "recover") and not target:
@@ -88,6 +78,41 @@ def memory_command(action: str, target: str | None, reverify: bool = False) -> i
     if refusal is not None:
         print(refusal, file=sys.stderr)
         return 2
+    ownership = hold_home(settings.home, f"kope memory {action}")
+    if ownership is None:
+        print(f"error: a client started a daemon on {settings.home} just now; run the command again, or "
+              "`kope daemon stop` first", file=sys.stderr)
+        return 2
+    try:
+        return _on_held_home(action, target, reverify, settings)
+    finally:
+        ownership.release()
+
+
+def hold_home(home: Any, holder: str) -> Any:
+    """Own the home like a server does, for the length of one admin command, so that no daemon opens the memory
+    under it (an import replaces the database file at its end: a daemon started meanwhile would have written into
+    the old one, and lost what it acknowledged). Clients calling meanwhile get a `daemon_unavailable:` line naming
+    the command. None when another process owns the home."""
+    import os
+    import time
+
+    from kope_mcp import daemon
+
+    ownership = daemon.claim(home)
+    if ownership is not None:
+        ownership.publish(daemon.DaemonState(pid=os.getpid(), url="", token=None, started_at=time.time(),
+                                             on_demand=False, holder=holder))
+    return ownership
+
+
+def _on_held_home(action: str, target: str | None, reverify: bool, settings: KopeSettings) -> int:
+    import json
+    from pathlib import Path
+
+    from kope_mcp.errors import KopeError
+    from kope_mcp.services.memory import ExperienceMemory
+    from kope_mcp.services.memory_admin import export_memory, home_identity, import_into_copy, memory_stats, show_item
     from kope_mcp.services.memory_recovery import MemoryDamagedError, recover
 
     try:

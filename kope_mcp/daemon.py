@@ -50,6 +50,8 @@ class DaemonState(BaseModel):
     started_at: float
     on_demand: bool
     settings: dict[str, str] = Field(default_factory=dict, description="The owner's KOPE_* settings.")
+    holder: str = Field("", description="An admin command holding the home for a while (`kope memory import`); "
+                                        "'' for a server.")
 
 
 def _dir(home: Path, *, create: bool = True) -> Path:
@@ -145,6 +147,9 @@ def _start_lock(home: Path) -> Iterator[None]:
 def ensure(home: Path, timeout_s: float = START_TIMEOUT_S) -> DaemonState:
     """The home's live owner, starting a daemon when there is none (at most one, however many clients race)."""
     state = running(home)
+    if state is not None and state.holder:
+        raise DaemonError(f"{home} is held by `{state.holder}` (pid {state.pid}), which needs the memory to itself "
+                          "for a moment: call again when it has finished (nothing was recorded)")
     if state is not None and not state.url:
         raise DaemonError(f"{home} is held by a stdio-only server (pid {state.pid}, `kope serve --no-daemon`): "
                           "stop it, or give this client another KOPE_HOME")
@@ -223,7 +228,7 @@ def http_client(state: DaemonState) -> Any:
 
 
 def describe(state: DaemonState) -> str:
-    kind = "on-demand daemon" if state.on_demand else "server"
+    kind = f"`{state.holder}`" if state.holder else "on-demand daemon" if state.on_demand else "server"
     return json.dumps({"kind": kind, "pid": state.pid, "url": state.url, "token": "set" if state.token else None})
 
 

@@ -76,3 +76,36 @@ def test_an_import_killed_part_way_leaves_the_home_as_it_was_and_a_rerun_imports
         store.close()
         assert counts["Lesson"] == 6000 and linked == 6000, (fraction, counts, linked)
         assert [p.name for p in home.iterdir() if ".importing" in p.name] == []
+
+
+def test_an_import_holds_the_home_so_no_daemon_opens_the_memory_under_it(tmp_path):
+    from kope_mcp import daemon
+
+    export = tmp_path / "export.jsonl"
+    write_export(export, 40000)
+    home = tmp_path / "home"
+    home_with_data(home)
+    env = {**os.environ, "KOPE_EMBEDDINGS": "off", "KOPE_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, "-m", "kope_mcp", "memory", "import", str(export)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while (state := daemon.running(home)) is None and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert state is not None and state.holder == "kope memory import" and state.pid == proc.pid, \
+            proc.communicate()
+        # A client's call meanwhile: one line naming the command, and no daemon started beside it.
+        with pytest.raises(daemon.DaemonError, match="held by `kope memory import`"):
+            daemon.ensure(home)
+        second = subprocess.run([sys.executable, "-m", "kope_mcp", "memory", "stats"], env=env, timeout=120,
+                                capture_output=True, text=True)
+        assert second.returncode == 2 and "held by `kope memory import`" in second.stderr, second.stderr
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert daemon.running(home) is None  # let go at its end
+    store = KuzuExperienceStore(home / "memory.kuzu")
+    assert store.counts()["Lesson"] == 40000
+    store.close()
