@@ -80,6 +80,9 @@ class OwnerLink:
     def __init__(self, home: Path) -> None:
         self.home = home
         self._send, self._inbox = anyio.create_memory_object_stream[_Request](64)
+        # Requests sent on the current session and not yet answered (those the session's end must answer). Answered
+        # ones are dropped as it grows: each holds its call's arguments and result, for a session of any length.
+        self.in_flight: list[_Request] = []
 
     async def request(self, ctx: Any, call: Any) -> Any:
         request = _Request(ctx, call)
@@ -98,23 +101,28 @@ class OwnerLink:
             except daemon.DaemonError as exc:
                 self._answer(first, error=exc)
                 continue
-            pending = [first]
+            self.in_flight = [first]
             try:
                 transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH,
                                                    http_client=daemon.http_client(state))
                 async with Client(transport, client_info=_caller(first.ctx), mode="legacy") as client, \
                         anyio.create_task_group() as tg:
                     tg.start_soon(self._serve, client, first)
+                    prune_at = 64
                     while True:
                         request = await self._inbox.receive()
-                        pending.append(request)
+                        self.in_flight.append(request)
+                        if len(self.in_flight) >= prune_at:
+                            self.in_flight = [r for r in self.in_flight if not r.done.is_set()]
+                            prune_at = 2 * len(self.in_flight) + 64  # amortised: many live calls stay linear
                         tg.start_soon(self._serve, client, request)
             except (Exception, BaseExceptionGroup) as exc:  # the session broke (however it did): drop it, keep serving
                 if isinstance(exc, BaseExceptionGroup) and not exc.split(Exception)[0]:
                     raise  # nothing but cancellation inside: the proxy is ending
-                for request in pending:
+                for request in self.in_flight:
                     if not request.done.is_set():
                         self._answer(request, error=exc)
+                self.in_flight = []
                 log.debug("session with the owner ended: %r", exc)
 
     async def _serve(self, client: Client, request: _Request) -> None:

@@ -370,3 +370,31 @@ def test_a_daemon_stopped_during_a_profile_ends_it_with_one_clear_error_and_the_
         assert all(a.speedup is None and a.label != "incorrect" for a in store.all_attempts())
     finally:
         store.close()
+
+
+def test_a_long_stdio_session_keeps_only_its_unanswered_requests(home, monkeypatch):
+    # The proxy's one session to the daemon served thousands of calls; it used to keep every one (arguments and
+    # result) until the session ended.
+    from types import SimpleNamespace
+
+    from kope_mcp.proxy import OwnerLink
+
+    monkeypatch.setenv("KOPE_EMBEDDINGS", "off")
+    link = OwnerLink(home)
+    ctx = SimpleNamespace(meta={"io.modelcontextprotocol/clientInfo": {"name": "long-session", "version": "1"}},
+                          session=None)
+    sizes: list[int] = []
+
+    async def body() -> None:
+        with anyio.fail_after(600):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(link.run)
+                for _ in range(40):
+                    async with anyio.create_task_group() as calls:
+                        for _ in range(50):  # 50 at once, as concurrent as a busy client gets
+                            calls.start_soon(link.request, ctx, lambda c: c.list_tools())
+                    sizes.append(len(link.in_flight))
+                tg.cancel_scope.cancel()
+
+    anyio.run(body)
+    assert len(sizes) == 40 and max(sizes) <= 2 * 50 + 64, sizes  # 2,000 calls answered, a bounded list kept

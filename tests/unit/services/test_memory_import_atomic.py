@@ -100,7 +100,7 @@ def test_an_import_holds_the_home_so_no_daemon_opens_the_memory_under_it(tmp_pat
         second = subprocess.run([sys.executable, "-m", "kope_mcp", "memory", "stats"], env=env, timeout=120,
                                 capture_output=True, text=True)
         assert second.returncode == 2 and "held by `kope memory import`" in second.stderr, second.stderr
-        out, err = proc.communicate(timeout=600)
+        _, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
