@@ -6,6 +6,7 @@ one front door like every other service."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,8 +39,17 @@ class MemoryTransfer:
     vectors: VectorIndex
     embedder: BackgroundEmbedder
 
+    _loader: threading.Thread | None
+
     def index_lesson(self, lesson: LessonRecord) -> None: ...  # ExperienceMemory's
     def forget_cached_strategies(self) -> None: ...  # ExperienceMemory's
+
+    @property
+    def indexes_live(self) -> bool:
+        """The in-memory indexes are built or being built (``start`` was called), so a write must reach them too;
+        before that, the load reads it from the store (a bulk import of a million lessons into a memory nobody
+        serves kept every one in Python as well: gigabytes)."""
+        return self._loader is not None
 
     def stats(self) -> MemoryStats:
         store = self.store
@@ -106,19 +116,22 @@ class MemoryTransfer:
                 return False
             record = AttemptRecord.model_validate(row)
             store.add_attempt(record)
-            self.index.upsert_attempt(record)
+            if self.indexes_live:
+                self.index.upsert_attempt(record)
         elif kind == "lesson":
             if store.has_node("Lesson", "lesson_id", row["lesson_id"]):
                 return False
             text = row.pop("search_text", "") or row.get("text", "")
             lesson = LessonRecord.model_validate(row)
             store.add_lesson(lesson, text)
-            self.index_lesson(lesson)
+            if self.indexes_live:
+                self.index_lesson(lesson)
         elif kind == "embedding":
             if store.has_node("Embedding", "id", row["id"]):
                 return False
             store.set_embedding(row["id"], row["item_kind"], row["model"], row["vector"])
-            self.vectors.add(row["id"], row["item_kind"], row["vector"])
+            if self.indexes_live:
+                self.vectors.add(row["id"], row["item_kind"], row["vector"])
         else:
             raise ValueError(f"unknown kind {kind!r}")
         return True
@@ -131,8 +144,9 @@ class MemoryTransfer:
         """Write new lessons (with their search texts) at once: one statement and a COPY per edge table; the text
         index is rebuilt by :meth:`rebuild_text_index` once the whole import is in."""
         self.store.bulk_lessons(lessons, rebuild_text_index=False)
-        for lesson, _ in lessons:
-            self.index_lesson(lesson)
+        if self.indexes_live:
+            for lesson, _ in lessons:
+                self.index_lesson(lesson)
 
     def rebuild_text_index(self) -> None:
         self.store.rebuild_text_index()
