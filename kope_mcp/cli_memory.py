@@ -89,6 +89,11 @@ def memory_command(action: str, target: str | None, reverify: bool = False) -> i
         ownership.release()
 
 
+# The importer's page cache: without a cap Kùzu takes most of the machine's memory as the database grows (an import
+# of a million lessons peaked at 1.3 GB); the import streams, so a bounded cache costs it little.
+IMPORT_CACHE_BYTES = 512 * 1024**2
+
+
 def hold_home(home: Any, holder: str) -> Any:
     """Own the home like a server does, for the length of one admin command, so that no daemon opens the memory
     under it (an import replaces the database file at its end: a daemon started meanwhile would have written into
@@ -112,7 +117,7 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
 
     from kope_mcp.errors import KopeError
     from kope_mcp.services.memory import ExperienceMemory
-    from kope_mcp.services.memory_admin import export_memory, home_identity, import_into_copy, memory_stats, show_item
+    from kope_mcp.services.memory_admin import export_memory, home_identity, memory_stats, show_item
     from kope_mcp.services.memory_recovery import MemoryDamagedError, recover
 
     try:
@@ -140,9 +145,7 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
             print(f"exported to {target}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
         else:
             memory.close()  # checkpointed: the import works on a copy (import_into_copy)
-            report = import_into_copy(settings.memory_path, Path(str(target)),
-                                      lambda path: ExperienceMemory.open(path, embeddings=False),
-                                      home_identity(settings.home))
+            report = _import(settings, Path(str(target)))
             print(f"imported from {target}: added {report.added or 'nothing'}; "
                   f"already present {report.skipped_existing or 'nothing'}"
                   + (f"; measured elsewhere ({report.origin}): served as evidence from that home, never as a "
@@ -164,6 +167,26 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
     finally:
         memory.close()
     return 0
+
+
+def _import(settings: KopeSettings, export: Any) -> Any:
+    """import_into_copy with a bounded page cache; once more without the bound when the memory's text index needs
+    more than it to be rebuilt (the first try changed nothing: imports are all or nothing)."""
+    from kope_mcp.services.memory import ExperienceMemory
+    from kope_mcp.services.memory_admin import home_identity, import_into_copy
+
+    for cache in (IMPORT_CACHE_BYTES, 0):
+        def opener(path: Any, cache: int = cache) -> ExperienceMemory:
+            return ExperienceMemory.open(path, embeddings=False, cache_bytes=cache)
+
+        try:
+            return import_into_copy(settings.memory_path, export, opener, home_identity(settings.home))
+        except RuntimeError as exc:  # Kùzu's own: "Buffer manager exception: ... The buffer pool is full ..."
+            if cache == 0 or "buffer pool is full" not in str(exc):
+                raise
+            print(f"note: the import needs more than {IMPORT_CACHE_BYTES >> 20} MiB of page cache for this memory; "
+                  "importing again without that bound", file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 def _reverify(settings: KopeSettings, origin: str) -> int:

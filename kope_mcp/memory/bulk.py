@@ -4,6 +4,7 @@ its statements through the store's plumbing and never imports kuzu itself."""
 
 from __future__ import annotations
 
+import math
 import tempfile
 import threading
 from pathlib import Path
@@ -48,9 +49,10 @@ class BulkLoading:
         """Insert many lessons with their edges to the attempts, strategies and tasks that exist. Call
         :meth:`rebuild_text_index` afterwards when passing ``rebuild_text_index=False`` (several chunks)."""
         rows = [{**lesson.model_dump(), "search_text": text} for lesson, text in records]
-        assignments = _unwind_assignments(rows[0], LESSON_COLUMNS)
         with self._lock:
-            self._exec(f"UNWIND $rows AS r CREATE (:Lesson {{{assignments}}})", {"rows": rows})
+            if not self._copy_nodes("Lesson", rows):
+                assignments = _unwind_assignments(rows[0], LESSON_COLUMNS)
+                self._exec(f"UNWIND $rows AS r CREATE (:Lesson {{{assignments}}})", {"rows": rows})
             lessons = [lesson for lesson, _ in records]
             attempts = self.existing_ids("Attempt", "kernel_id", [x.attempt_id for x in lessons if x.attempt_id])
             strategies = self.existing_ids("Strategy", "strategy_id",
@@ -94,6 +96,47 @@ class BulkLoading:
                         fh.write(f'{item_id},{kind},{model},"[{numbers}]"\n')
                 self._exec(f"COPY Embedding FROM '{path}' (HEADER=false)")
 
+    def _copy_nodes(self, table: str, rows: list[dict[str, Any]]) -> bool:
+        """Write ``rows`` as new nodes of ``table`` by one CSV COPY: ~10x faster than an UNWIND of parameters and
+        without its memory (a parameter list of 25k lessons took the importer to 1.2 GB). False, with nothing
+        written, when a value cannot be said in the CSV exactly (the null marker itself, a NaN): the caller then
+        uses the UNWIND."""
+        columns = self._columns(table)
+        lines = []
+        for row in rows:
+            cells = []
+            for name in columns:
+                value = row.get(name)
+                if value is None:
+                    cells.append(_NULL)
+                elif isinstance(value, bool):
+                    cells.append("true" if value else "false")
+                elif isinstance(value, int | float):
+                    if not math.isfinite(value):
+                        return False
+                    cells.append(repr(value))
+                elif isinstance(value, str):
+                    if value == _NULL:
+                        return False
+                    cells.append('"' + value.replace('"', '""') + '"')
+                else:
+                    return False
+            lines.append(",".join(cells))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{table}.csv"
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            # Quoted fields may hold newlines, which a parallel reader cannot split on; "" is an empty string
+            # only when the null marker is something else.
+            self._exec(f"COPY {table} FROM '{path}' (HEADER=false, PARALLEL=false, NULL_STRINGS=['{_NULL}'])")
+        return True
+
+    def _columns(self, table: str) -> list[str]:
+        """The table's columns in the order COPY expects them."""
+        cache = self.__dict__.setdefault("_column_order", {})
+        if table not in cache:
+            cache[table] = [r["name"] for r in self._rows(f"CALL table_info('{table}') RETURN name")]
+        return list(cache[table])
+
     def _copy_edges(self, rel: str, src: str, dst: str, pairs: list[tuple[str, str]]) -> None:
         if not pairs:
             return
@@ -115,6 +158,11 @@ class BulkLoading:
             for item_id, kind, model, vector in rows:
                 if item_id in existing:
                     self.set_embedding(item_id, kind, model, vector)
+
+
+# COPY's null marker. Kùzu 0.11.3 honours no other for numbers (KOPE_NULL, NA, N: "cast failed") and reads a
+# quoted "NULL" as null too: a chunk with a value equal to it goes through the UNWIND instead.
+_NULL = "NULL"
 
 
 def _unwind_assignments(row: dict[str, Any], columns: dict[str, str]) -> str:

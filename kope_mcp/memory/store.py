@@ -58,12 +58,12 @@ MAX_DB_BYTES = 1 << 40  # 1 TiB
 
 
 class KuzuExperienceStore(BulkLoading, JournalledAttempts):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, cache_bytes: int = 0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         # Kùzu reserves max_db_size of address space per open database (8 TiB by default): a process with ~16 open
         # (a test run) ran out of the 128 TiB a process has. A memory of a million attempts is ~1 GB on disk.
-        self._db = kuzu.Database(str(path), max_db_size=MAX_DB_BYTES)
+        self._db = kuzu.Database(str(path), max_db_size=MAX_DB_BYTES, buffer_pool_size=cache_bytes)
         self._conn = kuzu.Connection(self._db)
         self._lock = threading.RLock()
         # Planning a parameterised query costs about as much as running it: each distinct text is planned once.

@@ -52,13 +52,15 @@ class ExperienceMemory(MemoryTransfer):
     through its store, vectors or embedder."""
 
     @classmethod
-    def open(cls, path: Path, embeddings: bool = True, why_off: str = "disabled by KOPE_EMBEDDINGS=off"
-             ) -> ExperienceMemory:
+    def open(cls, path: Path, embeddings: bool = True, why_off: str = "disabled by KOPE_EMBEDDINGS=off",
+             cache_bytes: int = 0) -> ExperienceMemory:
         """The memory at ``path`` (a Kùzu database), embedding in the background when ``embeddings`` (else
-        ``why_off`` is what its status says). Raises MemoryDamagedError, with what to do, when the database's log
-        cannot be replayed (tried first in a child process: a damaged log can crash the opener)."""
+        ``why_off`` is what its status says); ``cache_bytes`` caps the database's page cache (0: Kùzu's default,
+        most of the machine's memory, taken as pages are read). Raises MemoryDamagedError, with what to do, when
+        the database's log cannot be replayed (tried first in a child process: a damaged log can crash the
+        opener)."""
         check_opens(path)
-        return cls(KuzuExperienceStore(path), BackgroundEmbedder(embeddings, why_off=why_off))
+        return cls(KuzuExperienceStore(path, cache_bytes=cache_bytes), BackgroundEmbedder(embeddings, why_off=why_off))
 
     def __init__(self, store: KuzuExperienceStore, embedder: BackgroundEmbedder) -> None:
         self.store = store

@@ -101,3 +101,33 @@ def test_an_export_written_before_targets_still_imports_with_its_backend_as_targ
     legacy = make_attempt("k-7").model_dump() | {"backend": "c", "uses_openmp": True}
     del legacy["target"]
     assert AttemptRecord.model_validate(legacy).target == "c"
+
+
+def test_bulk_lessons_keep_every_text_exactly_whatever_it_holds(tmp_path):
+    # Bulk lessons go through a CSV COPY: quotes, commas, newlines, empty strings, the words NULL and the COPY's
+    # own null marker must come back as written, and every lesson is found by its words.
+    from kope_mcp.memory.bulk import _NULL
+    from kope_mcp.memory.records import LessonRecord
+
+    store = populated(tmp_path)
+    texts = ['a "quoted", comma\nand a new line\r\n', "", "KOPE_NULL", "\\N", "ünïcode — “curly” \t tab", "'; --",
+             "plain words"]
+    lessons = [LessonRecord(lesson_id=f"x-{i}", text=text, strategy="unroll by 4", task_id="relu",
+                            family="elementwise", verified=i % 2 == 0, label="lesson", confidence=0.25 * (i % 4),
+                            speedup=None if i % 3 else 1.5 + i, agent="" if i % 2 else "claude",
+                            created_at="2026-01-01T00:00:00Z", attempt_id="k-1" if i == 0 else None)
+               for i, text in enumerate(texts)]
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf"]
+    copied = []
+    run = store._exec
+    store._exec = lambda query, params=None: (copied.append(query.startswith("COPY Lesson")), run(query, params))[1]
+    store.bulk_lessons([(lesson, f"{lesson.text} {words[i]}") for i, lesson in enumerate(lessons)])
+    assert any(copied)  # by COPY, not by the UNWIND it falls back to
+    plain = LessonRecord(lesson_id="x-plain", text=_NULL, strategy="", task_id="relu", verified=False, label="lesson",
+                         confidence=0.5, created_at="2026-01-02")
+    store.bulk_lessons([(plain, "hotel")])
+    for i, lesson in enumerate(lessons):
+        assert store.lesson(lesson.lesson_id) == lesson, i
+        assert [hit[1] for hit in store.full_text(words[i], 3)] == [lesson.lesson_id]
+    assert store.lesson("x-plain").text == "NULL" and [hit[1] for hit in store.full_text("hotel", 3)] == ["x-plain"]
+    assert [lesson.lesson_id for lesson in store.lessons_for_attempt("k-1")] == ["x-0"]

@@ -109,3 +109,22 @@ def test_an_import_holds_the_home_so_no_daemon_opens_the_memory_under_it(tmp_pat
     store = KuzuExperienceStore(home / "memory.kuzu")
     assert store.counts()["Lesson"] == 40000
     store.close()
+
+
+def test_an_import_whose_page_cache_is_too_small_is_done_again_without_the_bound(tmp_path, monkeypatch, capsys):
+    from kope_mcp import cli_memory
+    from kope_mcp.settings import KopeSettings
+
+    export = tmp_path / "export.jsonl"
+    write_export(export, 3000)
+    settings = KopeSettings.from_env(home=tmp_path / "home", embeddings=False)
+    settings.ensure_home()
+    monkeypatch.setattr(cli_memory, "IMPORT_CACHE_BYTES", 2 * 1024**2)  # too small for the text index's rebuild
+    report = cli_memory._import(settings, export)
+    assert report.added == {"task": 1, "strategy": 1, "lesson": 3000}
+    assert "importing again without that bound" in capsys.readouterr().err
+    store = KuzuExperienceStore(settings.memory_path)
+    assert store.counts()["Lesson"] == 3000
+    indexed = store._rows("CALL QUERY_FTS_INDEX('Lesson', 'lesson_fts', 'helped') RETURN count(*) AS n")[0]["n"]
+    assert indexed == 3000  # the text index was rebuilt over every lesson
+    store.close()
