@@ -124,6 +124,11 @@ def running(home: Path) -> DaemonState | None:
     return state
 
 
+def accepting(url: str) -> bool:
+    """Whether the owner at ``url`` accepts connections now (loopback: answered at once when it does)."""
+    return _accepts(url, timeout=0.2)
+
+
 def _accepts(url: str, timeout: float = 1.0) -> bool:
     host_port = url.split("//", 1)[1].split("/", 1)[0]
     host, _, port = host_port.rpartition(":")

@@ -33,6 +33,7 @@ from mcp.shared.exceptions import MCPError
 
 import kope_mcp
 from kope_mcp import daemon
+from kope_mcp import proxy_catalogue as catalogue
 from kope_mcp.errors import MAX_TEXT_CHARS, SourceTooLargeError, TooLongError
 from kope_mcp.http_server import MCP_PATH
 from kope_mcp.instructions import INSTRUCTIONS
@@ -146,6 +147,7 @@ class HomeProxy:
         self._tools: types.ListToolsResult | None = None
         self._settings_checked = False
         self._settings_warning: str | None = None
+        self._kept: set[tuple[str, str]] = set()  # catalogue answers this proxy has kept (proxy_catalogue.py)
 
     async def _with_owner(self, ctx: Any, call: Any) -> Any:
         for attempt in (1, 2):
@@ -190,9 +192,22 @@ class HomeProxy:
                 with contextlib.suppress(Exception):  # a client that left must not fail the call
                     await ctx.session.send_progress_notification(token, progress, total, message)
 
+        arguments = params.arguments or {}
+        if params.name in catalogue.CATALOGUE_TOOLS and not await anyio.to_thread.run_sync(self._owner_ready):
+            # The first call after the daemon went idle: the catalogue as the daemon gave it in the same
+            # circumstances (proxy_catalogue.py), while a new daemon starts.
+            early = await anyio.to_thread.run_sync(catalogue.cached, self.home, params.name, arguments)
+            if early is not None:
+                start_owner(self.home)  # the next call that needs the daemon finds it started
+                return early
         try:
             result: types.CallToolResult = await self._with_owner(ctx, lambda c: c.call_tool(
-                params.name, params.arguments or {}, progress_callback=forward_progress))
+                params.name, arguments, progress_callback=forward_progress))
+            asked = (params.name, json.dumps(arguments, sort_keys=True))
+            if params.name in catalogue.CATALOGUE_TOOLS and asked not in self._kept:
+                self._kept.add(asked)  # once per answer and proxy: the key's folder walk costs ~4 ms
+                await anyio.to_thread.run_sync(catalogue.keep, self.home, params.name, arguments,
+                                               result.model_copy(deep=True))
             return self._with_settings_warning(result)
         except daemon.DaemonError as exc:
             return _error(str(exc))
@@ -202,6 +217,10 @@ class HomeProxy:
             return _error(f"daemon_unavailable: the kope daemon for {self.home} stopped during {params.name} "
                           f"({exc}); it may or may not have completed. Call again: a new daemon starts, with "
                           "every acknowledged result intact.")
+
+    def _owner_ready(self) -> bool:
+        state = daemon.running(self.home)
+        return state is not None and bool(state.url) and daemon.accepting(state.url)
 
     def _with_settings_warning(self, result: types.CallToolResult) -> types.CallToolResult:
         """Every answer whose structured form has `warnings` says when this client's KOPE_* settings are not the
@@ -311,15 +330,21 @@ def _error(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
 
 
+def start_owner(home: Path) -> None:
+    """Find or start the home's owner in the background (at most one starts, however many ask)."""
+
+    def start() -> None:
+        with contextlib.suppress(daemon.DaemonError):  # the first request that needs it reports it, with the log
+            daemon.ensure(home)
+
+    threading.Thread(target=start, name="kope-start-owner", daemon=True).start()
+
+
 def run_stdio_proxy(home: Path) -> None:
     """Serve stdio, forwarding to the home's owner. One is started now if none runs, in the background: the
     handshake is answered here at once, and the first request waits for the owner only if it is not ready yet."""
 
-    def start_owner() -> None:
-        with contextlib.suppress(daemon.DaemonError):  # the first request reports it, with the log's tail
-            daemon.ensure(home)
-
-    threading.Thread(target=start_owner, name="kope-start-owner", daemon=True).start()
+    start_owner(home)
     proxy = HomeProxy(home)
     server: Server[Any] = Server(
         "kope-mcp", version=kope_mcp.__version__, instructions=INSTRUCTIONS,

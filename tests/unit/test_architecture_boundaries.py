@@ -11,8 +11,8 @@ import kope_mcp
 
 PACKAGE = Path(kope_mcp.__file__).parent
 # Processes' mains: the CLI and servers, the benchmark drivers, and the programs the sandbox runs.
-ENTRY = {"cli", "cli_memory", "server", "proxy", "http_server", "daemon", "demo", "demo_sources", "__main__", "bench",
-         "reference_worker", "kernelbench_worker"}
+ENTRY = {"cli", "cli_memory", "server", "proxy", "proxy_catalogue", "http_server", "daemon", "demo", "demo_sources",
+         "__main__", "bench", "reference_worker", "kernelbench_worker"}
 LAYERS = {"tools": 3, "services": 2, "memory": 1, "targets": 1, "tasks": 1}
 ONLY_IN = {"kuzu": {"memory/store.py"}, "sentence_transformers": {"memory/embedder.py"}}
 MCP_FROM = 3  # tools/ and entry points
