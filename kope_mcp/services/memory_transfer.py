@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from kope_mcp.errors import UnknownExperienceError
 from kope_mcp.memory.embedder import MODEL_NAME
 from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
+from kope_mcp.memory.rows import attempt_from_row, session_from_row
 
 if TYPE_CHECKING:
     from kope_mcp.memory.embedder import BackgroundEmbedder
@@ -79,16 +80,22 @@ class MemoryTransfer:
 
     def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """(kind, fields) of every node, parents before children: tasks, hardware, strategies, sessions, attempts
-        (oldest first, so a PREV parent precedes its child), lessons, embeddings."""
+        (in the order they were written, so a PREV parent precedes its child), lessons, embeddings; read a page
+        at a time, so an export's memory does not grow with the memory's size."""
         store = self.store
         yield from (("task", node) for node in store.raw_nodes("Task"))
         yield from (("hardware", node) for node in store.raw_nodes("Hardware"))
         yield from (("strategy", strategy.model_dump()) for strategy in store.strategies())
-        yield from (("session", session.model_dump()) for session in store.sessions())
-        yield from (("attempt", attempt.model_dump()) for attempt in store.all_attempts())
-        yield from (("lesson", node) for node in sorted(store.raw_nodes("Lesson"), key=lambda n: n["created_at"]))
-        for item_id, kind, vector in store.embeddings():
-            yield "embedding", {"id": item_id, "item_kind": kind, "model": MODEL_NAME, "vector": vector}
+        for page in store.node_pages("Session"):
+            yield from (("session", session_from_row(node).model_dump()) for node in page)
+        for page in store.node_pages("Attempt"):
+            yield from (("attempt", attempt_from_row(node).model_dump()) for node in page)
+        for page in store.node_pages("Lesson"):
+            yield from (("lesson", node) for node in page)
+        for page in store.node_pages("Embedding"):
+            for node in page:
+                yield "embedding", {"id": node["id"], "item_kind": node["kind"], "model": MODEL_NAME,
+                                    "vector": node["vector"]}
 
     def add_record(self, kind: str, row: dict[str, Any]) -> bool:
         """Write one record of :meth:`records`' form; False when a node with its id exists (merging skips it)."""

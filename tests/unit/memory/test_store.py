@@ -131,3 +131,13 @@ def test_bulk_lessons_keep_every_text_exactly_whatever_it_holds(tmp_path):
         assert [hit[1] for hit in store.full_text(words[i], 3)] == [lesson.lesson_id]
     assert store.lesson("x-plain").text == "NULL" and [hit[1] for hit in store.full_text("hotel", 3)] == ["x-plain"]
     assert [lesson.lesson_id for lesson in store.lessons_for_attempt("k-1")] == ["x-0"]
+
+
+def test_nodes_are_read_a_page_at_a_time_in_the_order_they_were_written(tmp_path):
+    store = populated(tmp_path)  # k-1, then k-2 and k-3 whose parent is k-1
+    for i in range(4, 10):
+        store.add_attempt(make_attempt(f"k-{i}", parent=f"k-{i - 1}"))
+    pages = list(store.node_pages("Attempt", page=4))
+    assert [len(p) for p in pages] == [4, 4, 1]
+    assert [n["kernel_id"] for p in pages for n in p] == [f"k-{i}" for i in range(1, 10)]
+    assert list(store.node_pages("Lesson")) == []  # an empty table: no page at all
