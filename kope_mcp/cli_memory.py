@@ -90,8 +90,9 @@ def memory_command(action: str, target: str | None, reverify: bool = False) -> i
 
 
 # The importer's page cache: without a cap Kùzu takes most of the machine's memory as the database grows (an import
-# of a million lessons peaked at 1.3 GB); the import streams, so a bounded cache costs it little.
-IMPORT_CACHE_BYTES = 512 * 1024**2
+# of a million lessons peaked at 1.3 GB); the import streams, so a bounded cache costs it little (the generated
+# team memory of tools/bench_retrieval.py at 1M: 107 s and 883 MB at 384 MiB, 104 s and 1,043 MB at 512 MiB).
+IMPORT_CACHE_BYTES = 384 * 1024**2
 
 
 def hold_home(home: Any, holder: str) -> Any:
