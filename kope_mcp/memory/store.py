@@ -417,8 +417,10 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
         fetch = 2 * int(limit)
         for table, index, key, kind in (("Strategy", "strategy_fts", "strategy_id", "strategy"),
                                         ("Lesson", "lesson_fts", "lesson_id", "lesson")):
+            # top := k lets the index keep only the best k while it scores (the same hits and scores as ORDER BY
+            # ... LIMIT k; a question matching 420k of a million lessons: 430 ms instead of 680).
             rows = self._rows(
-                f"CALL QUERY_FTS_INDEX('{table}', '{index}', $q) RETURN node.{key} AS id, score "
+                f"CALL QUERY_FTS_INDEX('{table}', '{index}', $q, top := {fetch}) RETURN node.{key} AS id, score "
                 f"ORDER BY score DESC LIMIT {fetch}", {"q": query})
             found = sorted(((float(r["score"]), r["id"]) for r in rows), key=lambda h: (-h[0], h[1]))
             if len(found) == fetch:
