@@ -1,3 +1,3 @@
-from kope_mcp.cli import main
+from kope_mcp.app.cli import main
 
 raise SystemExit(main())

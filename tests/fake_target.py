@@ -2,7 +2,7 @@
 workbench is device-agnostic. Pure Python (numpy), so it runs anywhere.
 
 The source is a Python module defining ``kernel(**arguments)`` over numpy arrays (outputs written in place). A
-real target would compile and run in the sandbox (``kope_mcp.sandbox``) and corroborate its timings; this one
+real target would compile and run in the sandbox (``kope_mcp.runtime.sandbox``) and corroborate its timings; this one
 runs in-process, which is why it lives in the tests and is never registered for users.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from kope_mcp.hardware import HardwareProfile
-from kope_mcp.harness import GuardedBuffers, poison
-from kope_mcp.measurement import Consistency, Schedule, measure
+from kope_mcp.runtime.harness import GuardedBuffers, poison
+from kope_mcp.runtime.measurement import Consistency, Schedule, measure
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key
@@ -110,7 +110,7 @@ class FakeNumpyTarget(Target):
         baseline = self.compile(task, NUMPY_BASELINES[task.id], [], CompileOptions())
         kernels = {"candidate": self._load(build_hash), "baseline": self._load(baseline.build_hash)}
         device = _InProcess(task, sets, kernels)
-        # The protocol every target runs (kope_mcp/measurement.py); only the primitives are this target's.
+        # The protocol every target runs (kope_mcp/runtime/measurement.py); only the primitives are this target's.
         measured = measure(device, ["candidate", "baseline"], len(sets), device.buffers,
                            Schedule(time_cap_s=time_cap_s), Consistency(*consistency))
         timings = CorroboratedTimings(samples=measured.samples, inner=measured.inner)

@@ -59,7 +59,7 @@ def raw_gcc(compiler: str, header: str, source: str, flags: list[str]) -> float:
 async def main(rounds: int, tasks: list[str], gap: float) -> None:
     from mcp import Client
 
-    from kope_mcp.server import build_server
+    from kope_mcp.app.server import build_server
     from kope_mcp.settings import KopeSettings
     from kope_mcp.targets.c import prototype_header
 

@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     from pathlib import Path
 
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
 
     home = args.home or tempfile.mkdtemp(prefix="kope-handshake-")
     anyio.run(once, home)  # the first run installs nothing, but warms the page cache for every figure

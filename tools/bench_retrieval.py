@@ -80,7 +80,7 @@ def load(corpus: Corpus, home: Path, order: str, embeddings: bool) -> dict[str, 
 async def ask(corpus: Corpus, home: Path, embeddings: bool, budget: int, selection: str) -> list[dict[str, Any]]:
     from mcp import Client
 
-    from kope_mcp.server import build_server
+    from kope_mcp.app.server import build_server
     from kope_mcp.settings import KopeSettings
 
     results = []

@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
     for key in times["this"]:
         print(f"{key:<22}" + "".join(f"{_summary(times[name][key]):<44}" for name in checkouts))
     if not args.compare:
-        from kope_mcp.sandbox import SandboxLimits, Scratch, run_sandboxed, scrubbed_env
+        from kope_mcp.runtime.sandbox import SandboxLimits, Scratch, run_sandboxed, scrubbed_env
 
         bare = []
         with tempfile.TemporaryDirectory() as tmp:

@@ -102,7 +102,7 @@ def summary(tool: str, value: dict[str, Any]) -> str:
 
 
 async def check(home: Path) -> int:
-    from kope_mcp.server import build_server
+    from kope_mcp.app.server import build_server
     from kope_mcp.settings import KopeSettings
 
     server = build_server(KopeSettings.from_env(home=home, embeddings=False))

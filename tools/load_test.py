@@ -32,7 +32,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import Implementation
 
-from kope_mcp import daemon
+from kope_mcp.app import daemon
 from kope_mcp.memory.store import KuzuExperienceStore
 
 VECTOR_ADD = """#include <stdint.h>

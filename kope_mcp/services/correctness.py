@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from kope_mcp.harness import POISON_BITS
 from kope_mcp.models import CaseResult, FailureKind
+from kope_mcp.runtime.harness import POISON_BITS
 from kope_mcp.tasks.spec import Tolerance
 
 

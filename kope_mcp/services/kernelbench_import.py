@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from kope_mcp.errors import InvalidTaskError
-from kope_mcp.sandbox import (
+from kope_mcp.runtime.sandbox import (
     SandboxLimits,
     SandboxUnavailable,
     Scratch,
@@ -119,7 +119,7 @@ def _plan_in_sandbox(settings: KopeSettings, path: Path, task_id: str) -> dict[s
             shutil.copyfile(path, problem)
             problem.chmod(0o644)
             try:
-                run = run_worker(scratch, "kope_mcp.kernelbench_worker",
+                run = run_worker(scratch, "kope_mcp.app.kernelbench_worker",
                                  {"problem": scratch.inside(problem), "task_id": task_id}, result_fd, SandboxLimits(
                                      wall_seconds=PLAN_WALL_S, cpu_seconds=int(PLAN_WALL_S) * (os.cpu_count() or 1),
                                      address_space_bytes=settings.memory_limit_bytes))

@@ -1,6 +1,6 @@
 """How a KernelBench problem becomes a task folder: the scale, the cases, the tolerance, task.toml and reference.py.
 
-Runs in the sandbox (:mod:`kope_mcp.kernelbench_worker`): deciding all of it executes the problem file (a PyTorch
+Runs in the sandbox (:mod:`kope_mcp.app.kernelbench_worker`): deciding all of it executes the problem file (a PyTorch
 module from the internet) many times. The rules are in kernelbench_import.py's docstring and docs/tasks.md.
 """
 

@@ -2,7 +2,7 @@
 
 A task folder added with `kope tasks add`, imported from KernelBench or found on KOPE_TASKS_PATH is someone else's
 Python: its reference.py (and a KernelBench problem it loads) runs only in the sandbox kernels run in
-(:mod:`kope_mcp.reference_worker`), and what comes back is data, checked against task.toml (every argument, its
+(:mod:`kope_mcp.app.reference_worker`), and what comes back is data, checked against task.toml (every argument, its
 dtype and shape) before anything uses it. A failure there is the task's: ``invalid_task`` with what it raised.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kope_mcp.errors import InvalidTaskError
-from kope_mcp.sandbox import (
+from kope_mcp.runtime.sandbox import (
     SandboxLimits,
     SandboxResult,
     SandboxUnavailable,
@@ -27,11 +27,11 @@ from kope_mcp.sandbox import (
     run_sandboxed,
     scrubbed_env,
 )
+from kope_mcp.runtime.worker_formats import REFERENCE_MAGIC as MAGIC
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.native_runner import python_runtime
 from kope_mcp.tasks.loader import REFERENCE_FILE, Task
 from kope_mcp.tasks.spec import CaseSpec
-from kope_mcp.worker_formats import REFERENCE_MAGIC as MAGIC
 
 # What one sandboxed run may hand back (the profile pool's budget is 64 MiB of inputs, outputs in float64).
 RESULT_CAP_BYTES = 1024**3
@@ -85,7 +85,7 @@ class ReferenceRunner:
             with Scratch(self.settings.scratch_dir) as scratch:
                 job["task_folder"] = scratch.place(task.folder.resolve(), SANDBOX_TASK)
                 try:
-                    run = run_worker(scratch, "kope_mcp.reference_worker", job, result_fd, SandboxLimits(
+                    run = run_worker(scratch, "kope_mcp.app.reference_worker", job, result_fd, SandboxLimits(
                         wall_seconds=WALL_S, cpu_seconds=int(WALL_S) * (os.cpu_count() or 1),
                         address_space_bytes=self.settings.memory_limit_bytes, max_file_bytes=RESULT_CAP_BYTES))
                 except SandboxUnavailable as exc:

@@ -41,7 +41,7 @@ from kope_mcp.models import (
     ProfileReport,
     TestReport,
 )
-from kope_mcp.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, stopping, unsafe_opt_out
+from kope_mcp.runtime.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, stopping, unsafe_opt_out
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.fair_slot import FairSlot
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kope_mcp.hardware import HardwareProfile, detect_hardware, probe_compiler
 from kope_mcp.models import CostCounts
-from kope_mcp.sandbox import SandboxLimits
+from kope_mcp.runtime.sandbox import SandboxLimits
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log

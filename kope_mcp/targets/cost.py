@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kope_mcp.sandbox import SandboxLimits, Scratch, run_sandboxed, scrubbed_env
-from kope_mcp.sandbox_seccomp import counting_program
+from kope_mcp.runtime.sandbox import SandboxLimits, Scratch, run_sandboxed, scrubbed_env
+from kope_mcp.runtime.sandbox_seccomp import counting_program
 from kope_mcp.tasks.loader import Task
 from kope_mcp.tasks.spec import C_TYPES
 

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from kope_mcp.errors import NoDeviceError, RefusedFlagError
-from kope_mcp.sandbox import (
+from kope_mcp.runtime.sandbox import (
     SandboxLimits,
 )
 from kope_mcp.targets.base import CompileOptions, Measurement, TargetStatus

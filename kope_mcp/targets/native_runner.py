@@ -21,9 +21,9 @@ from typing import Any, Literal
 import numpy as np
 
 import kope_mcp
-from kope_mcp import sandbox_seccomp
-from kope_mcp.harness import TRAILER_MAGIC
-from kope_mcp.sandbox import (
+from kope_mcp.runtime import sandbox_seccomp
+from kope_mcp.runtime.harness import TRAILER_MAGIC
+from kope_mcp.runtime.sandbox import (
     SandboxLimits,
     SandboxResult,
     Scratch,
@@ -189,7 +189,7 @@ class NativeRunner:
 
     def _run(self, job: dict[str, Any], cases: list[PreparedCase], task: Task, wall_s: float,
              extra_env: dict[str, str], libraries: dict[str, Path], *, timing_cpu: int | None = None,
-             harness: str = "kope_mcp.harness") -> tuple[HarnessOutcome, bytes]:
+             harness: str = "kope_mcp.runtime.harness") -> tuple[HarnessOutcome, bytes]:
         runtime = python_runtime()
         result_fd, progress_fd = memory_file("result"), memory_file("progress")
         fds = {"result": result_fd, "progress": progress_fd}
@@ -207,7 +207,7 @@ class NativeRunner:
                     ack_read, ack_write = os.pipe()
                     stamps_fd = memory_file("stamps")
                     timekeeper = subprocess.Popen(
-                        [sys.executable, "-S", "-m", "kope_mcp.timekeeper",
+                        [sys.executable, "-S", "-m", "kope_mcp.runtime.timekeeper",
                          str(timing_cpu) if timing_cpu is not None else "-", str(ack_write)],
                         stdin=read_end, stdout=stamps_fd, stderr=subprocess.DEVNULL, pass_fds=(ack_write,),
                         env={"PYTHONPATH": str(runtime.package.parent), "PATH": "/usr/bin:/bin"},
@@ -294,7 +294,7 @@ class NativeRunner:
             outcome.message = f"the kernel library cannot be loaded: {str(outcome.result.get('message'))[:800]}"
 
     def run_tests(self, task: Task, library: Path, cases: list[PreparedCase], wall_s: float,
-                  openmp: bool, *, harness: str = "kope_mcp.harness", env: dict[str, str] | None = None,
+                  openmp: bool, *, harness: str = "kope_mcp.runtime.harness", env: dict[str, str] | None = None,
                   job_extra: dict[str, Any] | None = None) -> HarnessOutcome:
         """Each case once; ``harness`` is the child module (a target's own for a non-C-ABI artifact); ``{run}``
         in an ``env`` value becomes the run's writable folder."""
@@ -332,7 +332,7 @@ class NativeRunner:
             # of the batch's end by 1.5-2 ms, so its timings could not be corroborated: the team sleeps instead.
             env["OMP_WAIT_POLICY"] = "passive"
         outcome, raw = self._run(job, sets, task, wall_s, env, libraries, timing_cpu=timing_cpu,
-                                 harness="kope_mcp.harness_profile")
+                                 harness="kope_mcp.runtime.harness_profile")
         # Timings that could not be corroborated still come with the outputs the coordinator read back: a wrong
         # kernel is then reported as wrong (see verdicts.profile_failure).
         if outcome.status == "ok" or (outcome.status == "unverified" and raw):

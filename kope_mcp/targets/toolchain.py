@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kope_mcp.sandbox import (
+from kope_mcp.runtime.sandbox import (
     SANDBOX_RUN,
     SandboxLimits,
     SandboxResult,
@@ -24,7 +24,7 @@ from kope_mcp.sandbox import (
     run_sandboxed,
     scrubbed_env,
 )
-from kope_mcp.sandbox_warm import POOL
+from kope_mcp.runtime.sandbox_warm import POOL
 
 
 @dataclass

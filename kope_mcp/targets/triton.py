@@ -22,10 +22,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kope_mcp import sandbox_seccomp
 from kope_mcp.errors import NoDeviceError, RefusedFlagError
 from kope_mcp.models import KernelResources
-from kope_mcp.sandbox import SandboxLimits, Scratch, memory_file, read_memory_file, run_sandboxed, scrubbed_env
+from kope_mcp.runtime import sandbox_seccomp
+from kope_mcp.runtime.sandbox import SandboxLimits, Scratch, memory_file, read_memory_file, run_sandboxed, scrubbed_env
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, TargetStatus
 from kope_mcp.targets.builds import BuildResult, build_key, trim_log

@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kope_mcp import sandbox_seccomp
+from kope_mcp.runtime import sandbox_seccomp
 
 _PR_SET_DUMPABLE = 4
 _REPORT_CAP = 64 * 1024**2

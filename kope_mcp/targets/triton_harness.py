@@ -1,6 +1,6 @@
 """The child side of run_tests for the ``triton`` target: import the user's module, call its launcher per case.
 
-Runs in the sandbox like :mod:`kope_mcp.harness` (same job file, same result descriptor and trailer, same guard
+Runs in the sandbox like :mod:`kope_mcp.runtime.harness` (same job file, same result descriptor and trailer, same guard
 zones around every buffer), with torch and triton imported before the user's module. On the CPU, with
 ``TRITON_INTERPRET=1``, the tensors are numpy buffers shared with torch (``torch.from_numpy``), so the guard
 zones around them catch an unmasked tail that the interpreter would not fault on. On a GPU every buffer is a
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kope_mcp.harness import CANARY, GUARD_BYTES, Channel, InputSet, LoadError, ResultWriter
+from kope_mcp.runtime.harness import CANARY, GUARD_BYTES, Channel, InputSet, LoadError, ResultWriter
 
 MODULE_NAME = "kope_kernel"
 

@@ -9,7 +9,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from kope_mcp.server import build_server
+from kope_mcp.app.server import build_server
 from kope_mcp.targets.cuda import nvcc_version
 from kope_mcp.targets.gpu import detect_gpu
 from kope_mcp.targets.triton import triton_version

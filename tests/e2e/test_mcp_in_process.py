@@ -8,8 +8,8 @@ import anyio
 import pytest
 from mcp import Client
 
+from kope_mcp.app.server import build_server
 from kope_mcp.memory.tokens import count_tokens
-from kope_mcp.server import build_server
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import VECTOR_ADD_OK, make_settings
 

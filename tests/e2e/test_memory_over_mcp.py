@@ -14,8 +14,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import Implementation
 
+from kope_mcp.app.server import build_server
 from kope_mcp.memory.store import KuzuExperienceStore
-from kope_mcp.server import build_server
 from tests.conftest import VECTOR_ADD_OK, make_settings
 
 
@@ -179,7 +179,7 @@ def test_a_clients_words_on_another_clients_measured_win_are_its_claim_never_ver
 @pytest.mark.slow
 def test_a_memory_imported_from_another_home_is_served_as_evidence_from_there_and_edits_are_caught(
         tmp_path, monkeypatch, capsys):
-    from kope_mcp.cli import main
+    from kope_mcp.app.cli import main
     from kope_mcp.services.workbench import Workbench
 
     # Home A measures a win and says why.

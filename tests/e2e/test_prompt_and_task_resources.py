@@ -9,7 +9,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from kope_mcp.server import build_server
+from kope_mcp.app.server import build_server
 from tests.conftest import make_settings
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from mcp import Client
 
-from kope_mcp.server import build_server
+from kope_mcp.app.server import build_server
 from tests.conftest import make_settings
 from tests.wrong_calls import WRONG_CALLS, bad_answer, call_ids
 

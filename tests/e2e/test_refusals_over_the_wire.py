@@ -13,7 +13,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import Implementation
 
-from kope_mcp import daemon
+from kope_mcp.app import daemon
 from tests.transports import http_client, stdio
 from tests.wrong_calls import WRONG_CALLS, bad_answer
 

@@ -19,8 +19,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import Implementation
 
-from kope_mcp import daemon
-from kope_mcp.http_server import HttpConfigError, HttpOptions
+from kope_mcp.app import daemon
+from kope_mcp.app.http_server import HttpConfigError, HttpOptions
 from kope_mcp.memory.store import KuzuExperienceStore
 from tests.conftest import VECTOR_ADD_OK
 from tests.transports import http_client, stdio
@@ -233,8 +233,8 @@ def test_a_user_started_http_server_is_the_homes_owner_for_stdio_clients(home, t
 
 
 def test_memory_commands_work_while_an_on_demand_daemon_owns_the_home(tmp_path, monkeypatch, capsys):
-    from kope_mcp import daemon
-    from kope_mcp.cli import main
+    from kope_mcp.app import daemon
+    from kope_mcp.app.cli import main
 
     home = tmp_path / "home"
     monkeypatch.setenv("KOPE_HOME", str(home))
@@ -278,7 +278,7 @@ def test_a_client_whose_settings_differ_from_the_daemons_is_told_first_and_in_ev
 
 
 def test_a_task_added_while_the_daemon_serves_is_served_by_that_daemon_without_a_restart(home, monkeypatch, capsys):
-    from kope_mcp.cli import main
+    from kope_mcp.app.cli import main
 
     example = Path(__file__).resolve().parents[2] / "examples" / "tasks" / "axpby"
     monkeypatch.setenv("KOPE_HOME", str(home))
@@ -303,7 +303,7 @@ def test_a_task_added_while_the_daemon_serves_is_served_by_that_daemon_without_a
 def _profile_beside(home: Path, monkeypatch, admin: list[str]) -> tuple[daemon.DaemonState, object, float]:
     """Start the home's daemon, profile a kernel through it and run the `kope` admin command beside it once the
     profile is under way: the daemon, the profile's answer, and how long the admin command took."""
-    from kope_mcp.cli import main
+    from kope_mcp.app.cli import main
 
     monkeypatch.setenv("KOPE_HOME", str(home))
     monkeypatch.setenv("KOPE_EMBEDDINGS", "off")
@@ -377,7 +377,7 @@ def test_a_long_stdio_session_keeps_only_its_unanswered_requests(home, monkeypat
     # result) until the session ended.
     from types import SimpleNamespace
 
-    from kope_mcp.proxy import OwnerLink
+    from kope_mcp.app.proxy import OwnerLink
 
     monkeypatch.setenv("KOPE_EMBEDDINGS", "off")
     link = OwnerLink(home)

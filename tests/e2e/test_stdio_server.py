@@ -53,7 +53,7 @@ def test_a_stdio_client_can_compile_test_and_survive_a_crashing_kernel(tmp_path)
 def test_ordinary_calls_write_nothing_to_the_clients_log(tmp_path):
     from mcp.client.stdio import stdio_client
 
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
 
     home = tmp_path / "home"
     env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}
@@ -75,7 +75,7 @@ def test_ordinary_calls_write_nothing_to_the_clients_log(tmp_path):
 
 
 def test_a_stdio_client_outlives_its_homes_daemon_between_calls(tmp_path):
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
 
     home = tmp_path / "home"
     env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}

@@ -1,5 +1,5 @@
 """The forgeries of issue 24 against a target that is not C: the contract tests' pure-Python fake, which shares
-nothing with the C harness but the measurement protocol (kope_mcp/measurement.py) and the workbench. Each is
+nothing with the C harness but the measurement protocol (kope_mcp/runtime/measurement.py) and the workbench. Each is
 caught or gains nothing there too, so a new target that implements the primitives inherits the defence.
 (The same classes against C, in the sandbox: test_forgeries.py and test_tricks.py.)"""
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kope_mcp.sandbox import capabilities
+from kope_mcp.runtime.sandbox import capabilities
 from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.tasks.registry import TaskRegistry

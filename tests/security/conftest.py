@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kope_mcp.sandbox import capabilities
+from kope_mcp.runtime.sandbox import capabilities
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import make_settings

@@ -80,7 +80,7 @@ def test_kernel_code_runs_with_no_capability_and_not_as_the_server(workbench):
 
 
 def test_nothing_outside_the_run_directory_can_be_written(workbench, home):
-    harness = Path(kope_mcp.__file__).resolve().parent / "harness.py"
+    harness = Path(kope_mcp.__file__).resolve().parent / "runtime" / "harness.py"
     escape = Path("/tmp") / f"kope-escape-{os.getpid()}"
     before = hashlib.sha256(harness.read_bytes()).hexdigest()
     targets = [home / "pwned", home / "builds" / "pwned", harness, harness.parent / "pwned.py", "/usr/pwned",

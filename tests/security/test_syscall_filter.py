@@ -10,7 +10,7 @@ import platform
 
 import pytest
 
-from kope_mcp.sandbox import capabilities
+from kope_mcp.runtime.sandbox import capabilities
 from kope_mcp.services.workbench import Workbench
 from tests.security.conftest import attack_kernel
 

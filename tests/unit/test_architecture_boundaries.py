@@ -1,6 +1,6 @@
-"""Layers point down only: entry points -> tools/ (thin MCP handlers) -> services/ (no mcp) -> memory/, targets/,
-tasks/ -> base modules; kuzu only in memory/store.py, sentence_transformers only in memory/embedder.py. Every
-import counts, the lazy ones inside functions too."""
+"""Layers point down only: entry points (app/) -> tools/ (thin MCP handlers) -> services/ (no mcp) -> memory/,
+targets/, tasks/ -> the execution runtime (runtime/) -> base modules; kuzu only in memory/store.py,
+sentence_transformers only in memory/embedder.py. Every import counts, the lazy ones inside functions too."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from pathlib import Path
 import kope_mcp
 
 PACKAGE = Path(kope_mcp.__file__).parent
-# Processes' mains: the CLI and servers, the benchmark drivers, and the programs the sandbox runs.
-ENTRY = {"cli", "cli_memory", "server", "proxy", "proxy_catalogue", "http_server", "daemon", "demo", "demo_sources",
-         "__main__", "bench", "reference_worker", "kernelbench_worker"}
-LAYERS = {"tools": 3, "services": 2, "memory": 1, "targets": 1, "tasks": 1}
+# Processes' mains: app/ (the CLI, the servers, the daemon, the demo, the sandboxed workers' mains), the benchmark
+# drivers, and ``python -m kope_mcp``.
+ENTRY = {"app", "bench", "__main__"}
+LAYERS = {"tools": 4, "services": 3, "memory": 2, "targets": 2, "tasks": 2, "runtime": 1}
 ONLY_IN = {"kuzu": {"memory/store.py"}, "sentence_transformers": {"memory/embedder.py"}}
-MCP_FROM = 3  # tools/ and entry points
+MCP_FROM = 4  # tools/ and entry points
 
 
 def rank(parts: tuple[str, ...]) -> int:
     head = parts[0].removesuffix(".py")
-    return 4 if head in ENTRY else LAYERS.get(head, 0)
+    return 5 if head in ENTRY else LAYERS.get(head, 0)
 
 
 def imported(path: Path, with_names: bool = False) -> list[str]:
@@ -134,10 +134,35 @@ def test_only_the_memorys_front_door_touches_its_store_embedder_and_vectors():
     reaching = []
     for path in sorted(PACKAGE.rglob("*.py")):
         where = "/".join(path.relative_to(PACKAGE).parts)
-        if where in FRONT_DOOR or rank(path.relative_to(PACKAGE).parts) == 4:
+        if where in FRONT_DOOR or rank(path.relative_to(PACKAGE).parts) == 5:
             continue  # entry points may open a store (tools/ scripts, the CLI's recovery paths)
         text = path.read_text(encoding="utf-8")
         reaching += [f"{where} imports {module}" for module in imported(path) if module in MEMORY_INSIDES]
         reaching += [f"{where} uses memory.{part}" for part in ("store", "embedder", "vectors", "index")
                      if f"memory.{part}." in text]
     assert reaching == []
+
+
+def outside_imports(package: Path, folder: str) -> list[str]:
+    """Imports of kope_mcp modules outside ``folder`` by the modules in it."""
+    found = []
+    for path in sorted((package / folder).rglob("*.py")):
+        where = "/".join(path.relative_to(package).parts)
+        found += [f"{where} imports {module}" for module in imported(path, with_names=True)
+                  if module.split(".")[0] == package.name and module.split(".")[1:2] != [folder]]
+    return found
+
+
+def test_the_runtime_imports_nothing_of_kope_mcp_outside_itself():
+    # The harness runs inside the sandbox with ``python -S`` beside untrusted code: what it imports is what a
+    # kernel's process holds, so it stays the standard library, numpy and runtime/ itself.
+    assert outside_imports(PACKAGE, "runtime") == []
+
+
+def test_the_runtime_check_catches_an_import_of_the_models(tmp_path):
+    package = tmp_path / "kope_mcp"
+    (package / "runtime").mkdir(parents=True)
+    (package / "runtime" / "harness.py").write_text("from kope_mcp.runtime import sandbox\nimport numpy\n")
+    (package / "runtime" / "sandbox.py").write_text("def f():\n    from kope_mcp import models\n")
+    assert outside_imports(package, "runtime") == ["runtime/sandbox.py imports kope_mcp",
+                                                   "runtime/sandbox.py imports kope_mcp.models"]

@@ -14,10 +14,10 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
+from kope_mcp.app.cli import main as kope_main
 from kope_mcp.bench import llm
 from kope_mcp.bench.llm import EndpointError, LlmSettings, chat, parse_arguments, run_llm_task
 from kope_mcp.bench.stand_in import StandInEndpoint
-from kope_mcp.cli import main as kope_main
 
 VECTOR_ADD = ("#include <stdint.h>\nvoid kernel(const float *a, const float *b, float *out, int64_t n) {\n"
               "    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];\n}\n")

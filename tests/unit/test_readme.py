@@ -38,7 +38,7 @@ def test_the_troubleshooting_table_lists_every_error_code():
     def subclasses(cls: type) -> list[type]:
         return [cls, *(s for sub in cls.__subclasses__() for s in subclasses(sub))]
 
-    import kope_mcp.http_server
+    import kope_mcp.app.http_server
     import kope_mcp.services.experience
     import kope_mcp.services.memory_admin  # noqa: F401  (defines invalid_export)
 
@@ -85,7 +85,7 @@ def test_the_tools_table_names_every_tool_and_every_input(tmp_path):
     import anyio
     from mcp import Client
 
-    from kope_mcp.server import build_server
+    from kope_mcp.app.server import build_server
     from kope_mcp.settings import KopeSettings
 
     async def tools():

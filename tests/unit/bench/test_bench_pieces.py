@@ -93,8 +93,8 @@ def test_the_report_leads_with_the_memory_curve_and_says_where_active_beats_ties
 
 
 def test_a_stopped_run_is_re_rendered_from_its_results_json(tmp_path, capsys):
+    from kope_mcp.app.cli import main as kope_main
     from kope_mcp.bench.protocol import to_json
-    from kope_mcp.cli import main as kope_main
 
     arms = ("none", "active@8k")
     sized = {size: {arm: [synthetic_run("t0", arm, 0, [1.0, 2.0, 2.0])] for arm in arms} for size in ("10", "all")}

@@ -1,6 +1,6 @@
 import numpy as np
 
-from kope_mcp.harness import POISON_BITS
+from kope_mcp.runtime.harness import POISON_BITS
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.tasks.spec import Tolerance
 
@@ -65,7 +65,7 @@ def test_the_finite_fast_path_gives_the_same_figures_as_the_general_comparison()
 
 
 def test_the_consistency_check_compares_bit_for_bit_first_and_still_catches_a_changed_result():
-    from kope_mcp.measurement import Consistency
+    from kope_mcp.runtime.measurement import Consistency
 
     first = np.arange(1000, dtype=np.float32)
     checks = Consistency(atol=1e-5, rtol=1e-5)

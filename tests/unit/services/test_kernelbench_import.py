@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mcp import Client
 
-from kope_mcp.cli import main
-from kope_mcp.server import build_server
+from kope_mcp.app.cli import main
+from kope_mcp.app.server import build_server
 from kope_mcp.services.kernelbench_import import import_kernelbench
 from kope_mcp.services.kernelbench_plan import ELEMENT_BUDGET
 from kope_mcp.services.references import ReferenceRunner
@@ -192,7 +192,7 @@ def test_the_cli_imports_reports_skips_and_refuses_to_overwrite_without_replace(
 
 
 def test_profiling_times_the_float32_forward_pass_and_checking_uses_float64(imported):
-    from kope_mcp.harness import _load_reference
+    from kope_mcp.runtime.harness import _load_reference
 
     settings, _ = imported
     task = TaskRegistry([settings.home / "tasks"]).get("kb_1_square_matrix_multiplication")

@@ -79,7 +79,7 @@ def test_an_import_killed_part_way_leaves_the_home_as_it_was_and_a_rerun_imports
 
 
 def test_an_import_holds_the_home_so_no_daemon_opens_the_memory_under_it(tmp_path):
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
 
     export = tmp_path / "export.jsonl"
     write_export(export, 40000)
@@ -112,7 +112,7 @@ def test_an_import_holds_the_home_so_no_daemon_opens_the_memory_under_it(tmp_pat
 
 
 def test_an_import_whose_page_cache_is_too_small_is_done_again_without_the_bound(tmp_path, monkeypatch, capsys):
-    from kope_mcp import cli_memory
+    from kope_mcp.app import cli_memory
     from kope_mcp.settings import KopeSettings
 
     export = tmp_path / "export.jsonl"

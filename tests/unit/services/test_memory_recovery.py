@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from kope_mcp.cli import main
+from kope_mcp.app.cli import main
 from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.services.memory_recovery import wal_of
 

@@ -6,7 +6,7 @@ import pytest
 
 import kope_mcp.services.workbench as workbench_module
 from kope_mcp.errors import SandboxUnavailableError
-from kope_mcp.sandbox import UNSAFE_ENV, Layer, SandboxCapabilities
+from kope_mcp.runtime.sandbox import UNSAFE_ENV, Layer, SandboxCapabilities
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import VECTOR_ADD_OK, make_settings
 

@@ -7,9 +7,9 @@ import anyio
 import pytest
 from mcp import Client
 
-from kope_mcp.cli import main
+from kope_mcp.app.cli import main
+from kope_mcp.app.server import build_server
 from kope_mcp.errors import InvalidTaskError
-from kope_mcp.server import build_server
 from kope_mcp.services.task_admin import add_task
 from tests.conftest import make_settings
 

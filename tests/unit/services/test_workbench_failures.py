@@ -15,7 +15,7 @@ from kope_mcp.errors import (
     UnknownSessionError,
     UnknownTaskError,
 )
-from kope_mcp.sandbox import capabilities
+from kope_mcp.runtime.sandbox import capabilities
 from tests.conftest import VECTOR_ADD_OK, vector_add_with_body
 
 

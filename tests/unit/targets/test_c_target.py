@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from kope_mcp.sandbox import capabilities
+from kope_mcp.runtime.sandbox import capabilities
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.builds import TamperedBuildError
 from kope_mcp.targets.c import CpuCTarget

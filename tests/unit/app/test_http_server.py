@@ -9,8 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kope_mcp import http_server
-from kope_mcp.http_server import HttpConfigError, RequestBodyLimit, home_token
+from kope_mcp.app import http_server
+from kope_mcp.app.http_server import HttpConfigError, RequestBodyLimit, home_token
 
 
 def test_the_home_token_is_made_once_private_and_then_reused(tmp_path: Path):
@@ -70,7 +70,7 @@ def test_a_stop_request_ends_the_runs_in_flight_and_arms_an_exit_deadline(monkey
     fired, ended = threading.Event(), []
     monkeypatch.setattr(http_server, "STOP_DEADLINE_S", 0.05)
     monkeypatch.setattr(http_server, "_exit_now", fired.set)
-    from kope_mcp import sandbox
+    from kope_mcp.runtime import sandbox
 
     monkeypatch.setattr(sandbox, "end_all_runs", lambda: ended.append(1) or 0)
     server = http_server._stopping_server_class()(uvicorn.Config(app=RequestBodyLimit(None, 1, 1)))

@@ -1,6 +1,6 @@
 """The sandbox side of a task's reference: import a task folder's reference.py, make inputs, compute outputs.
 
-Runs where kernels run (``python -m kope_mcp.reference_worker JOB``, in the sandbox: its own identity, no home, no
+Runs where kernels run (``python -m kope_mcp.app.reference_worker JOB``, in the sandbox: its own identity, no home, no
 network), for every task folder that is not part of the package: the server never imports such a reference.py.
 Writes the arrays ``<i>/in/<name>`` and ``<i>/out/<k>`` raw to the result descriptor, then a manifest (per request
 its case and seed, or the error that stopped it; where each array lies). The server maps that file and checks every
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kope_mcp.worker_formats import REFERENCE_MAGIC
+from kope_mcp.runtime.worker_formats import REFERENCE_MAGIC
 
 MAGIC = REFERENCE_MAGIC
 

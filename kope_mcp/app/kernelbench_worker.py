@@ -1,6 +1,6 @@
 """The sandbox side of `kope tasks import-kernelbench`: plan one problem file (this executes it) and answer JSON.
 
-``python -m kope_mcp.kernelbench_worker JOB``, run where kernels run; the server writes nothing of what it is told
+``python -m kope_mcp.app.kernelbench_worker JOB``, run where kernels run; the server writes nothing of what it is told
 until the generated task has been read as an untrusted folder and checked (its reference again in the sandbox).
 """
 

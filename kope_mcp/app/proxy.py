@@ -32,13 +32,13 @@ from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared.exceptions import MCPError
 
 import kope_mcp
-from kope_mcp import daemon
-from kope_mcp import proxy_catalogue as catalogue
+from kope_mcp.app import daemon
+from kope_mcp.app import proxy_catalogue as catalogue
+from kope_mcp.app.http_server import MCP_PATH
+from kope_mcp.app.instructions import INSTRUCTIONS
+from kope_mcp.app.stdio_input import stdio_wire
 from kope_mcp.errors import MAX_TEXT_CHARS, SourceTooLargeError, TooLongError
-from kope_mcp.http_server import MCP_PATH
-from kope_mcp.instructions import INSTRUCTIONS
 from kope_mcp.settings import KopeSettings
-from kope_mcp.stdio_input import stdio_wire
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ def _tools_key() -> str:
     """What the tool list depends on: this package's version and the source of its tool and model modules."""
     root = Path(kope_mcp.__file__).parent
     digest = hashlib.sha256(kope_mcp.__version__.encode())
-    for path in sorted([*root.glob("tools/*.py"), root / "models.py", root / "instructions.py"]):
+    for path in sorted([*root.glob("tools/*.py"), root / "models.py", root / "app" / "instructions.py"]):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -1,7 +1,7 @@
 """The child side of run_tests (and, through harness_profile, of profile_kernel): load a kernel library, call it.
 
 Runs inside the sandbox as the run's own unprivileged identity from its first instruction
-(``python -S -m kope_mcp.harness JOB.json``): no kernel byte (constructors and IFUNC resolvers included) runs
+(``python -S -m kope_mcp.runtime.harness JOB.json``): no kernel byte (constructors and IFUNC resolvers included) runs
 before that, because the sandbox set the identity before this interpreter started. It reports only through
 descriptors the server opened and passed in (``result``: outputs and a JSON trailer; ``progress``: which case is
 running; ``timing``: one line before and after every timed batch, stamped by the trusted timekeeper).
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from kope_mcp import sandbox_seccomp
+from kope_mcp.runtime import sandbox_seccomp
 
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32, "int64": ctypes.c_int64}
 POISON_BITS = 0x7FE5A5A5  # a quiet NaN with a payload no arithmetic produces: "never written"
@@ -255,7 +255,7 @@ def _omp_team_size() -> int | None:
 
 
 def main(argv: list[str], run: Callable[..., dict[str, Any]] | None = None) -> int:
-    """Run the job file ``argv[1]``: a test run here; a profile's coordinator (:mod:`kope_mcp.harness_profile`)
+    """Run the job file ``argv[1]``: a test run here; a profile's coordinator (:mod:`kope_mcp.runtime.harness_profile`)
     passes its own ``run``, which gets the timing channel too."""
     job_path = Path(argv[1])
     job = json.loads(job_path.read_text())

@@ -68,7 +68,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "memory":
         if args.reverify and args.action != "import":
             parser.error("--reverify goes with `kope memory import FILE`")
-        from kope_mcp.cli_memory import memory_command
+        from kope_mcp.app.cli_memory import memory_command
 
         return memory_command(args.action, args.target, args.reverify)
     if args.command == "serve":
@@ -101,8 +101,8 @@ def _port(text: str) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kope_mcp import daemon
-    from kope_mcp.server import configure_logging
+    from kope_mcp.app import daemon
+    from kope_mcp.app.server import configure_logging
     from kope_mcp.settings import KopeSettings
 
     configure_logging(args.log_level)
@@ -116,7 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.transport == "http":
-        from kope_mcp.http_server import HttpOptions
+        from kope_mcp.app.http_server import HttpOptions
 
         try:
             token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("KOPE_TOKEN")
@@ -130,7 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         source = f"the token in {args.token_file}" if args.token_file else "the KOPE_TOKEN it was started with"
         if not token:
-            from kope_mcp.http_server import TOKEN_FILE, home_token
+            from kope_mcp.app.http_server import TOKEN_FILE, home_token
 
             try:
                 settings.home.mkdir(parents=True, exist_ok=True)
@@ -146,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
                               allowed_origins=args.allowed_origin, token_source=source)
         return _own_and_serve_http(settings, options, on_demand=False)
     if args.no_daemon or os.environ.get("KOPE_DAEMON", "on").lower() in ("off", "0", "no"):
-        from kope_mcp.server import build_server
+        from kope_mcp.app.server import build_server
 
         ownership = daemon.claim(settings.home)
         if ownership is None:
@@ -159,7 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
         finally:
             ownership.release()
         return 0
-    from kope_mcp.proxy import run_stdio_proxy
+    from kope_mcp.app.proxy import run_stdio_proxy
 
     try:
         run_stdio_proxy(settings.home)
@@ -170,7 +170,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _held_by(home: Any) -> str:
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
 
     state = daemon.read_state(home)
     return (f"error: {home} is already served by {daemon.describe(state) if state else 'another process'}; "
@@ -180,9 +180,9 @@ def _held_by(home: Any) -> str:
 def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
     """Become the home's owner and serve HTTP; publish where once it is ready, withdraw on exit."""
 
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
+    from kope_mcp.app.http_server import bind, serve_http
     from kope_mcp.errors import KopeError
-    from kope_mcp.http_server import bind, serve_http
 
     settings.home.mkdir(parents=True, exist_ok=True)
     ownership = daemon.claim(settings.home)
@@ -218,9 +218,9 @@ def _own_and_serve_http(settings: Any, options: Any, on_demand: bool) -> int:
 def _daemon(action: str) -> int:
     import secrets
 
-    from kope_mcp import daemon
-    from kope_mcp.http_server import HttpOptions
-    from kope_mcp.server import configure_logging
+    from kope_mcp.app import daemon
+    from kope_mcp.app.http_server import HttpOptions
+    from kope_mcp.app.server import configure_logging
     from kope_mcp.settings import KopeSettings
 
     settings = KopeSettings.from_env()
@@ -335,7 +335,7 @@ def _print_task(task: Any) -> None:
 
 def _doctor() -> int:
     from kope_mcp.hardware import detect_hardware, probe_compiler
-    from kope_mcp.sandbox import UNSAFE_ENV, capabilities, unsafe_opt_out
+    from kope_mcp.runtime.sandbox import UNSAFE_ENV, capabilities, unsafe_opt_out
     from kope_mcp.settings import KopeSettings
 
     settings = KopeSettings.from_env()
@@ -378,7 +378,7 @@ def _doctor() -> int:
             print(f"           {detail}")
         print(f"           hardware key {target.hardware().key}")
     print(f"KOPE_HOME  {settings.home}")
-    from kope_mcp.sandbox_files import scratch_root
+    from kope_mcp.runtime.sandbox_files import scratch_root
 
     runs = scratch_root(settings.scratch_dir)
     print(f"Scratch    {runs}: " + ("the home's own; a run's mount table shows this path (no tmpfs or temporary folder "
@@ -397,6 +397,6 @@ def _doctor() -> int:
 
 
 def _demo() -> int:
-    from kope_mcp.demo import run_demo
+    from kope_mcp.app.demo import run_demo
 
     return run_demo()

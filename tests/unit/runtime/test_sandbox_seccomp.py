@@ -10,8 +10,8 @@ import socket
 
 import pytest
 
-from kope_mcp import sandbox_seccomp
-from kope_mcp.sandbox import capabilities
+from kope_mcp.runtime import sandbox_seccomp
+from kope_mcp.runtime.sandbox import capabilities
 
 pytestmark = pytest.mark.skipif(sandbox_seccomp.worker_program() is None, reason="libseccomp cannot be loaded here")
 _libc = ctypes.CDLL(None, use_errno=True)

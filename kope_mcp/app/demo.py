@@ -37,7 +37,7 @@ def _demo_failure(exc: BaseException) -> str:
 
 
 def _say_daemon_left(stream: Any) -> None:
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
     from kope_mcp.settings import KopeSettings
 
     owner = daemon.running(KopeSettings.from_env().home)
@@ -50,7 +50,7 @@ def _say_daemon_left(stream: Any) -> None:
 async def _demo_session() -> int:
     from mcp import Client, StdioServerParameters
 
-    from kope_mcp.demo_sources import BROKEN_FAST_KERNEL, DEMO_TASK, FAST_FLAGS, FAST_KERNEL, FAST_STRATEGY
+    from kope_mcp.app.demo_sources import BROKEN_FAST_KERNEL, DEMO_TASK, FAST_FLAGS, FAST_KERNEL, FAST_STRATEGY
 
     started = time.monotonic()
     params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "WARNING"],

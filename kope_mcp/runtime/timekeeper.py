@@ -1,6 +1,6 @@
 """The trusted clock of profile_kernel: stamps every line the sandboxed harness writes to its timing pipe.
 
-Runs outside the sandbox as its own small process (``python -S -m kope_mcp.timekeeper CPU ACK_FD``), reading
+Runs outside the sandbox as its own small process (``python -S -m kope_mcp.runtime.timekeeper CPU ACK_FD``), reading
 the pipe on stdin and appending ``<CLOCK_MONOTONIC ns> <line>`` to stdout (a memory file of the server). After
 stamping a ``B`` (batch begins) line it writes one byte to ACK_FD, and the harness reads its own clock only once
 that byte arrived: so an honest batch's claimed interval always lies inside the stamped one, however late this

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from kope_mcp.cli import main
+from kope_mcp.app.cli import main
 
 
 def test_tasks_lists_the_suite(capsys):
@@ -132,7 +132,7 @@ def test_daemon_stop_and_status_on_an_unused_home_create_nothing(tmp_path, monke
 def test_a_failed_demo_ends_in_one_line_and_names_the_daemon_it_leaves(tmp_path):
     import os
 
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
 
     env = {**os.environ, "KOPE_HOME": str(tmp_path / "home"), "KOPE_CC": "no-such-cc-kope"}
     try:

@@ -8,7 +8,7 @@ executes. A call takes the ready sandbox, writes its files into the run's folder
 ``exec``s it. A background thread prepares the next one.
 
 Each prepared sandbox is used once, with its own scratch folder and its own uid, exactly as
-:func:`kope_mcp.sandbox.run_sandboxed` would have made it: nothing of a run is shared with the next, and nothing
+:func:`kope_mcp.runtime.sandbox.run_sandboxed` would have made it: nothing of a run is shared with the next, and nothing
 untrusted runs before the release. The spawner thread lives as long as the server, because ``--die-with-parent``
 ties a sandbox to the thread that started it.
 """
@@ -27,8 +27,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from kope_mcp import sandbox_seccomp
-from kope_mcp.sandbox import (
+from kope_mcp.runtime import sandbox_seccomp
+from kope_mcp.runtime.sandbox import (
     SANDBOX_INPUTS,
     SANDBOX_RUN,
     SandboxLimits,

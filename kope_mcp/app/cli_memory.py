@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 def _stats_from_owner(home: Any) -> str | None:
     """The memory's statistics from the process that owns the home (its kope://memory/stats resource), or None
     when nothing serves the home or it cannot be reached."""
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
 
     state = daemon.running(home)
     if state is None:
@@ -22,7 +22,7 @@ def _stats_from_owner(home: Any) -> str | None:
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    from kope_mcp.http_server import MCP_PATH
+    from kope_mcp.app.http_server import MCP_PATH
 
     async def read() -> str:
         transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH, http_client=daemon.http_client(state))
@@ -40,7 +40,7 @@ def _stats_from_owner(home: Any) -> str | None:
 def free_home(home: Any, purpose: str) -> str | None:
     """Give this command the home's database. An on-demand daemon is stopped (clients start a new one, with every
     acknowledged write, on their next call); a server someone started is left alone. The refusal line, or None."""
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
 
     state = daemon.running(home)
     if state is None:
@@ -103,7 +103,7 @@ def hold_home(home: Any, holder: str) -> Any:
     import os
     import time
 
-    from kope_mcp import daemon
+    from kope_mcp.app import daemon
 
     ownership = daemon.claim(home)
     if ownership is not None:

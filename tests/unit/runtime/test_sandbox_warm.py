@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kope_mcp.sandbox import RUN_UID_BASE, SandboxLimits, capabilities, scrubbed_env
-from kope_mcp.sandbox_files import scratch_root
-from kope_mcp.sandbox_warm import PreparedSandbox, SandboxPool
+from kope_mcp.runtime.sandbox import RUN_UID_BASE, SandboxLimits, capabilities, scrubbed_env
+from kope_mcp.runtime.sandbox_files import scratch_root
+from kope_mcp.runtime.sandbox_warm import PreparedSandbox, SandboxPool
 
 isolated = pytest.mark.skipif(not capabilities().isolated, reason="no isolation on this machine")
 LIMITS = SandboxLimits(wall_seconds=20, cpu_seconds=20)

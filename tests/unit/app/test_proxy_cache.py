@@ -1,6 +1,6 @@
 import mcp.types as types
 
-from kope_mcp.proxy import _cache_tools, _cached_tools, _tools_cache
+from kope_mcp.app.proxy import _cache_tools, _cached_tools, _tools_cache
 
 
 def test_the_tool_list_is_kept_per_code_version_and_read_back(tmp_path):
@@ -24,7 +24,7 @@ def test_a_catalogue_answer_is_kept_for_its_exact_circumstances_only(tmp_path, m
     import subprocess
     import sys
 
-    from kope_mcp import proxy_catalogue as catalogue
+    from kope_mcp.app import proxy_catalogue as catalogue
 
     home = tmp_path / "home"
     (home / "daemon").mkdir(parents=True)
@@ -38,7 +38,7 @@ def test_a_catalogue_answer_is_kept_for_its_exact_circumstances_only(tmp_path, m
     assert catalogue.cached(home, "get_task", {"task_id": "nope"}) is None  # errors are never kept
     assert catalogue.cached(home, "profile_kernel", {"kernel_id": "k-1"}) is None  # only the catalogue
     # The same circumstances in another process (another hash seed) give the same key.
-    code = ("from pathlib import Path; from kope_mcp import proxy_catalogue as c; "
+    code = ("from pathlib import Path; from kope_mcp.app import proxy_catalogue as c; "
             f"print(c.circumstances(Path({str(home)!r})))")
     keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             for _ in range(2)}
@@ -56,9 +56,9 @@ def test_the_first_catalogue_call_with_no_daemon_is_answered_from_the_kept_answe
                                                                                                  monkeypatch):
     import anyio
 
-    from kope_mcp import proxy
-    from kope_mcp import proxy_catalogue as catalogue
-    from kope_mcp.proxy import HomeProxy
+    from kope_mcp.app import proxy
+    from kope_mcp.app import proxy_catalogue as catalogue
+    from kope_mcp.app.proxy import HomeProxy
 
     starts: list[object] = []
     monkeypatch.setattr(proxy, "start_owner", starts.append)

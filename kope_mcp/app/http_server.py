@@ -281,7 +281,7 @@ def _stopping_server_class() -> type[Any]:
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if not self.should_exit:
-                from kope_mcp.sandbox import end_all_runs  # not at import: the stdio proxy imports this module
+                from kope_mcp.runtime.sandbox import end_all_runs  # not at import: the stdio proxy imports this module
 
                 ended = end_all_runs()
                 log.info("stopping (signal %d): ended %d run(s) in flight", sig, ended)
@@ -304,7 +304,7 @@ def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket
     """Serve until interrupted (or idle for options.idle_exit_s). Blocks."""
     import uvicorn
 
-    from kope_mcp.server import build_server
+    from kope_mcp.app.server import build_server
 
     options.validate()
     server = build_server(settings)

@@ -2,7 +2,7 @@ import json
 
 import mcp.types as types
 
-from kope_mcp.stdio_input import clean_line, malformed_answer
+from kope_mcp.app.stdio_input import clean_line, malformed_answer
 
 
 def test_a_lone_surrogate_becomes_the_replacement_character_and_the_rest_is_kept():

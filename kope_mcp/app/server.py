@@ -13,8 +13,8 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 
 import kope_mcp
+from kope_mcp.app.instructions import INSTRUCTIONS
 from kope_mcp.errors import KopeError, ServerStoppingError
-from kope_mcp.instructions import INSTRUCTIONS
 from kope_mcp.settings import KopeSettings
 from kope_mcp.tools import memory as memory_tools
 from kope_mcp.tools import prompts as prompt_tools
@@ -36,7 +36,7 @@ class KopeMCPServer(MCPServer[AppState]):
             # handler raises but ToolError as a crash; its own text is the message the model reads.
             if isinstance(exc.__cause__, KopeError):
                 raise ToolError(str(exc.__cause__)) from exc.__cause__
-            from kope_mcp.sandbox import stopping
+            from kope_mcp.runtime.sandbox import stopping
 
             if stopping():  # a run the stopping server ended mid-way (a reference pool, say): not a crash
                 raise ToolError(str(ServerStoppingError(name))) from exc
@@ -54,7 +54,7 @@ class KopeMCPServer(MCPServer[AppState]):
         from mcp.server.stdio import stdio_server
         from mcp.types import jsonrpc_message_adapter
 
-        from kope_mcp.stdio_input import stdio_wire
+        from kope_mcp.app.stdio_input import stdio_wire
 
         # MCPServer.run_stdio_async with our own stdin reader (stdio_input: malformed lines answered, not fatal):
         # the SDK has no public way to hand it streams, so this runs its low-level server the way it does.

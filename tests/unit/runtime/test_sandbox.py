@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kope_mcp import sandbox_files
-from kope_mcp.sandbox import (
+from kope_mcp.runtime import sandbox_files
+from kope_mcp.runtime.sandbox import (
     RUN_UID_BASE,
     SandboxLimits,
     Scratch,
@@ -133,7 +133,7 @@ def test_a_stopping_server_ends_a_run_in_flight_at_once_and_any_run_started_afte
     import threading
     import time
 
-    from kope_mcp import sandbox
+    from kope_mcp.runtime import sandbox
 
     result = {}
     runner = threading.Thread(target=lambda: result.update(run=sh(scratch, "sleep 30; echo finished")))

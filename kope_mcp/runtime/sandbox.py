@@ -14,7 +14,7 @@ wheel ships):
 - **no network** (a new network namespace: only its own loopback, up, with nothing of the host's on it), new PID,
   IPC, UTS and cgroup namespaces: when the command ends every process it started is killed by the kernel, and
   ``kill(-1)`` reaches only its own;
-- **a system-call filter** (:mod:`kope_mcp.sandbox_seccomp`), loaded by bwrap before the first command;
+- **a system-call filter** (:mod:`kope_mcp.runtime.sandbox_seccomp`), loaded by bwrap before the first command;
 - **rlimits** set outside (``prlimit``: CPU seconds, address space, processes, file size, no core files), which a
   process without capabilities cannot raise; a wall-clock timeout that kills the whole process group.
 
@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kope_mcp import sandbox_seccomp
-from kope_mcp.sandbox_files import UntrustedFileError as UntrustedFileError
-from kope_mcp.sandbox_files import _tail_of, remove_tree, scratch_root
-from kope_mcp.sandbox_files import memory_file as memory_file
-from kope_mcp.sandbox_files import read_back as read_back
-from kope_mcp.sandbox_files import read_memory_file as read_memory_file
-from kope_mcp.sandbox_files import remove_stale_scratch as remove_stale_scratch
+from kope_mcp.runtime import sandbox_seccomp
+from kope_mcp.runtime.sandbox_files import UntrustedFileError as UntrustedFileError
+from kope_mcp.runtime.sandbox_files import _tail_of, remove_tree, scratch_root
+from kope_mcp.runtime.sandbox_files import memory_file as memory_file
+from kope_mcp.runtime.sandbox_files import read_back as read_back
+from kope_mcp.runtime.sandbox_files import read_memory_file as read_memory_file
+from kope_mcp.runtime.sandbox_files import remove_stale_scratch as remove_stale_scratch
 
 # Per-run uids of a root server: a range no distribution hands out (useradd stops at 60000, systemd's dynamic
 # users at 65519, container subuid ranges usually start at 100000 with 65536 each).
@@ -355,7 +355,7 @@ class Scratch:
     in the sandbox, at ``/kope/run`` (handed to the run's uid on a root server). Other host paths a run needs
     are bound read-only where :meth:`place` says, so a kernel never learns where the server keeps anything, and
     ``root`` (the home's scratch folder) is only where the folders go when no tmpfs has room
-    (:func:`~kope_mcp.sandbox_files.scratch_root`): the mount table shows a bind's source path. A server that
+    (:func:`~kope_mcp.runtime.sandbox_files.scratch_root`): the mount table shows a bind's source path. A server that
     starts removes what a dead one left (:func:`remove_stale_scratch`).
     """
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from kope_mcp import sandbox_seccomp
-from kope_mcp.harness import (
+from kope_mcp.runtime import sandbox_seccomp
+from kope_mcp.runtime.harness import (
     Channel,
     InputSet,
     LoadError,
@@ -39,8 +39,8 @@ from kope_mcp.harness import (
     main,
     poison,
 )
-from kope_mcp.harness_guard import CpuUsage, Scheduling, TamperedError
-from kope_mcp.measurement import Consistency, Schedule, bitwise_equal, measure
+from kope_mcp.runtime.harness_guard import CpuUsage, Scheduling, TamperedError
+from kope_mcp.runtime.measurement import Consistency, Schedule, bitwise_equal, measure
 
 _PR_SET_DUMPABLE = 4
 _IOV_MAX = 1024
@@ -312,7 +312,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
                                     f"-> {now.describe()})")
 
     class Processes:
-        """This target's primitives for the protocol (kope_mcp/measurement.py): a worker process per
+        """This target's primitives for the protocol (kope_mcp/runtime/measurement.py): a worker process per
         implementation, resumed for one batch at a time; the candidate's buffers reached from outside it."""
 
         def poison(self, n: int) -> None:
