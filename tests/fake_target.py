@@ -132,8 +132,8 @@ class _InProcess:
         self.outputs = {name: [{a.name: np.empty(task.spec.shape_of(a, sets[0].sizes), a.dtype) for a in outputs}
                                for _ in range(self.buffers)] for name in kernels}
 
-    def poison(self, n: int) -> None:
-        for buffer in self.outputs["candidate"][:n]:
+    def poison(self, name: str, n: int) -> None:
+        for buffer in self.outputs[name][:n]:
             for arr in buffer.values():
                 poison(arr)
 

@@ -98,6 +98,7 @@ class Region:
                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
         self.sets, self.buffers = sets, buffers
+        self.poisoned: dict[str, np.ndarray] | None = None
 
     def view(self, key: tuple[str, int, str]) -> np.ndarray:
         """The array at ``key`` in this process (the worker's side)."""
@@ -115,6 +116,17 @@ class Region:
         for i, s in enumerate(self.sets):
             for n, a in s.inputs.items():
                 np.copyto(self.view(("in", i, n)), a)
+
+    def poison_outputs(self, n: int) -> None:
+        """What the coordinator does to the candidate's buffers, done by a trusted worker to its own: copied from one
+        poisoned set of outputs, so the cache is left in the same state (a copy's source competes for it too)."""
+        if self.poisoned is None:
+            self.poisoned = self.sets[0].new_outputs(guarded=False)
+            for arr in self.poisoned.values():
+                poison(arr)
+        for b in range(n):
+            for name, source in self.poisoned.items():
+                np.copyto(self.view(("out", b, name)), source)
 
     def call_args(self, set_index: int, b: int) -> list[Any]:
         s = self.sets[set_index]
@@ -199,13 +211,15 @@ def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[Inp
     source = os.fdopen(commands, "rb", buffering=0)
     while True:
         command = source.readline(_COMMAND_CAP).split()
-        if len(command) != 2 or command[0] != b"S":
+        if len(command) not in (2, 3) or command[0] != b"S" or command[2:] not in ([], [b"P"]):
             os._exit(0)
         chosen = [int(i) for i in command[1].split(b",")]
         n = len(chosen)
         calls: list[tuple[Any, list[Any], dict[str, Any]]]
         if region is not None:
             calls = [(kernel, region.call_args(i, j), {}) for j, i in enumerate(chosen)]
+            if command[2:] == [b"P"]:
+                region.poison_outputs(n)
         else:
             calls = [(reference, [], sets[i].reference_kwargs()) for i in chosen]
         timing.begin(name)
@@ -311,12 +325,17 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
                 raise TamperedError(f"the {name}'s scheduling changed while the candidate ran ({before.describe()} "
                                     f"-> {now.describe()})")
 
+    poison_next: set[str] = set()
+
     class Processes:
         """This target's primitives for the protocol (kope_mcp/runtime/measurement.py): a worker process per
         implementation, resumed for one batch at a time; the candidate's buffers reached from outside it."""
 
-        def poison(self, n: int) -> None:
-            candidate.poison(n)
+        def poison(self, name: str, n: int) -> None:
+            if name == "candidate":
+                candidate.poison(n)  # from outside: its own code could not be trusted to do it
+            elif name in regions:
+                poison_next.add(name)  # a trusted worker poisons its own buffers (they are not ours to write)
 
         def run(self, name: str, chosen: list[int]) -> float:
             worker = workers[name]
@@ -324,7 +343,8 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
                 raise ForkedError(name)
             if name == "candidate":
                 usage.before()
-            reply = worker.ask("S " + ",".join(map(str, chosen)))
+            reply = worker.ask("S " + ",".join(map(str, chosen)) + (" P" if name in poison_next else ""))
+            poison_next.discard(name)
             if reply[0] != "D" or len(reply) != 3:
                 raise WorkerDied(worker)
             if name == "candidate":

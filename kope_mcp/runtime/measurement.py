@@ -18,9 +18,11 @@ target can decide it differently:
   right after another (a warm cache or a clock ramp does not favour one).
 - **Stopping**: after ``min_rounds``, at the time cap, when the candidate's and baseline's samples are within
   ``rel_iqr_goal`` (relative IQR), or before the fresh sets run out.
-- **Checks**: every timed call of the candidate is read back; the first call on a set is kept (it goes back to be
-  judged against the float64 reference by the workbench) and every later call on that set must agree with it
-  (:class:`Consistency`), so a kernel exact on the calls that are judged and cheap on the others is caught.
+- **Checks**: every batch of every implementation starts from poisoned output buffers (the same state for all,
+  and a call that skips work leaves poison); every timed call of the candidate is read back; the first call on a
+  set is kept (it goes back to be judged against the float64 reference by the workbench) and every later call on
+  that set must agree with it (:class:`Consistency`), so a kernel exact on the calls that are judged and cheap on
+  the others is caught.
 
 Only the standard library and numpy: it runs inside the sandbox, in the child that coordinates the workers.
 """
@@ -41,8 +43,12 @@ class Device(Protocol):
     """A target's primitives for one profile. Implementations are named ``candidate``, ``baseline`` and,
     optionally, ``reference``; sets are numbered 0..count-1 in the order the target was given them."""
 
-    def poison(self, n: int) -> None:
-        """Fill the candidate's first ``n`` output buffers with a pattern no kernel computes."""
+    def poison(self, name: str, n: int) -> None:
+        """Fill the first ``n`` output buffers of ``name`` with a pattern no kernel computes. The protocol asks
+        before every batch of every implementation: the candidate's so that a call that skips work is seen, the
+        others' so that each batch starts from the same state (a freshly written output is partly in the cache: a
+        baseline that never had it poisoned ran 1-2% slower than the identical candidate on vector_add and
+        softmax). The candidate's must be poisoned by a path its kernel does not control."""
 
     def run(self, name: str, chosen: list[int]) -> float:
         """Run ``name`` once per entry of ``chosen`` (call j on set ``chosen[j]``, into output buffer j) and
@@ -173,8 +179,7 @@ def measure(device: Device, names: list[str], set_count: int, buffers: int, sche
                for name in names}
 
     def sample(name: str, n: int) -> float:
-        if name == "candidate":
-            device.poison(n)
+        device.poison(name, n)
         chosen = streams[name].take(n)
         seconds = device.run(name, chosen)
         if name == "candidate":
