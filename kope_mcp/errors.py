@@ -181,3 +181,17 @@ class ServerStoppingError(KopeError):
     def __init__(self, tool: str) -> None:
         super().__init__(f"the server was asked to stop during {tool}; its run was ended and nothing was recorded: "
                          "call it again (the next call is served by a new server)")
+
+
+class UnknownDeviceError(KopeError):
+    code = "unknown_device"
+
+    def __init__(self, device: str, valid: Iterable[str]) -> None:
+        super().__init__(f"no device {device!r}; devices now: {_choices(valid) or 'none'} (list_devices shows them "
+                         "with their backends and hardware)")
+
+
+class DeviceLostError(KopeError):
+    """A cluster device stopped answering during a call: its state is unknown, so nothing of the call counts."""
+
+    code = "device_lost"

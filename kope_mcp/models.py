@@ -114,6 +114,8 @@ class CompileResult(BaseModel):
     flags: list[str]
     parent_id: str | None = None
     backend: str = "c"
+    device: str = Field("c", description="Where it was built and where run_tests and profile_kernel will run it: a "
+                        "backend of this server ('c') or a cluster device ('c@gpu-box').")
     target_arch: str | None = Field(None, description="The GPU architecture it was compiled for (GPU backends).")
     resources: list[KernelResources] = Field(default_factory=list, description="Per GPU kernel: registers, shared "
                                              "memory, spills (GPU backends).")
@@ -310,3 +312,18 @@ class MemoryHistory(BaseModel):
     items: list[ContextItem]
     tokens: int
     token_encoding: str
+
+
+class DeviceInfo(BaseModel):
+    id: str = Field(description="Pass as `device` to compile_kernel; run_tests and profile_kernel follow the build.")
+    backend: str
+    where: str = Field(description="'this server', or the cluster worker and its host.")
+    hardware_key: str = Field(description="What results measured here are recorded under in the memory.")
+    status: str = Field(description="'ready' (compile, test, profile), or what it cannot do and why.")
+    queue: int = Field(description="Profiles running or waiting for this device now (they never overlap).")
+
+
+class DeviceList(BaseModel):
+    devices: list[DeviceInfo]
+    cluster: str | None = Field(None, description="The Ray cluster this server dispatches to; null: this machine.")
+    warnings: list[str] = Field(default_factory=list)

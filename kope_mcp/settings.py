@@ -54,6 +54,10 @@ class KopeSettings(BaseModel):
     embeddings: bool = Field(True, description="Semantic search with all-MiniLM-L6-v2 (KOPE_EMBEDDINGS=off).")
     selection: str = Field("", description="query_experience's weights: a preset name or a JSON file of "
                            "SelectionConfig fields (KOPE_SELECTION; default: the 'evidence' preset).")
+    cluster: str = Field("", description="The Ray cluster whose `kope worker` devices this server dispatches to, "
+                         "as HOST:PORT (KOPE_CLUSTER; empty: this machine only, no Ray).")
+    cluster_token: str = Field("", description="A file (mode 0600) holding the cluster's Ray auth token "
+                               "(KOPE_CLUSTER_TOKEN; default ~/.kope-cluster-token).")
 
     @classmethod
     def from_env(cls, **overrides: object) -> KopeSettings:
@@ -63,6 +67,8 @@ class KopeSettings(BaseModel):
             "compiler": env.get("KOPE_CC", "gcc"),
             "embeddings": switch("KOPE_EMBEDDINGS", True),
             "selection": env.get("KOPE_SELECTION", ""),
+            "cluster": env.get("KOPE_CLUSTER", "").strip(),
+            "cluster_token": env.get("KOPE_CLUSTER_TOKEN", ""),
         }
         if "KOPE_MAX_SOURCE_BYTES" in env:
             values["max_source_bytes"] = positive_number("KOPE_MAX_SOURCE_BYTES", int,
@@ -78,6 +84,7 @@ class KopeSettings(BaseModel):
         client and the daemon that serves its home (the daemon's win)."""
         return {
             "KOPE_CC": self.compiler,
+            "KOPE_CLUSTER": self.cluster,
             "KOPE_EMBEDDINGS": "on" if self.embeddings else "off",
             "KOPE_MAX_SOURCE_BYTES": str(self.max_source_bytes),
             "KOPE_PROFILE_S": f"{self.profile_time_cap_s:g}",

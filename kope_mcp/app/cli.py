@@ -32,6 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--allowed-origin", action="append", default=[], help="http: an allowed Origin (repeatable)")
     serve.add_argument("--no-daemon", action="store_true",
                        help="stdio: own the database in this process instead of sharing the home's daemon")
+    serve.add_argument("--cluster", metavar="HOST:PORT",
+                       help="also dispatch to the `kope worker` devices of this Ray cluster (sets KOPE_CLUSTER)")
+    serve.add_argument("--cluster-token", metavar="FILE",
+                       help="the cluster's Ray token file, mode 0600 (sets KOPE_CLUSTER_TOKEN; default "
+                            "~/.kope-cluster-token)")
+    worker = sub.add_parser("worker", help="join a Ray cluster and offer this machine's devices to its servers")
+    worker.add_argument("--cluster", metavar="HOST:PORT", required=True, help="the Ray head's address")
+    worker.add_argument("--name", help="this worker's name in device ids (default: the host name)")
+    worker.add_argument("--cluster-token", metavar="FILE",
+                        help="the cluster's Ray token file, mode 0600 (default: KOPE_CLUSTER_TOKEN, else "
+                             "~/.kope-cluster-token)")
+    worker.add_argument("--backend", action="append",
+                        help="offer only this backend (repeatable; default: every backend that can time kernels here)")
     daemon = sub.add_parser("daemon", help="the process that owns KOPE_HOME's database for all clients")
     daemon.add_argument("action", choices=["status", "stop", "run"],
                         help="status: who owns this home; stop: ask it to exit; run: (internal) become it")
@@ -72,7 +85,13 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         return memory_command(args.action, args.target, args.reverify)
     if args.command == "serve":
+        if args.cluster:
+            os.environ["KOPE_CLUSTER"] = args.cluster
+        if args.cluster_token:
+            os.environ["KOPE_CLUSTER_TOKEN"] = args.cluster_token
         return _serve(args)
+    if args.command == "worker":
+        return _worker(args)
     if args.command == "daemon":
         return _daemon(args.action)
     if args.command == "tasks":
@@ -86,6 +105,31 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "doctor":
         return _doctor()
     return _demo()
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import socket
+
+    from kope_mcp.errors import KopeError
+    from kope_mcp.settings import KopeSettings
+
+    settings = KopeSettings.from_env()
+    try:
+        from kope_mcp.cluster.config import check_worker_name, token_path
+        from kope_mcp.cluster.worker import run_worker
+
+        name = check_worker_name(args.name or "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "-"
+                                                      for c in socket.gethostname())[:40])
+        token = token_path(args.cluster_token or settings.cluster_token)
+        return run_worker(args.cluster, name, settings.home, token, args.backend)
+    except ModuleNotFoundError as exc:
+        if exc.name != "ray":
+            raise
+        print("error: the cluster needs Ray: pip install 'kope-mcp[cluster]'", file=sys.stderr)
+        return 2
+    except KopeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _port(text: str) -> int:

@@ -57,6 +57,12 @@ class FairSlot:
                 self._busy = False
                 self._cond.notify_all()
 
+    @property
+    def queue(self) -> int:
+        """Calls holding or waiting for the slot now."""
+        with self._cond:
+            return len(self._waiting) + int(self._busy)
+
     def _next(self) -> int:
         now = time.monotonic()
         return min(self._waiting, key=lambda t: (self.usage(self._waiting[t], now), t))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kope_mcp.cluster.dispatch import cluster_roster
 from kope_mcp.errors import (
     MAX_STRATEGY_CHARS,
     BuildTamperedError,
@@ -26,6 +27,7 @@ from kope_mcp.errors import (
     TaskMismatchError,
     TaskNotOnTargetError,
     UnknownBackendError,
+    UnknownDeviceError,
     check_length,
 )
 from kope_mcp.hardware import keep_bounds_in
@@ -35,6 +37,8 @@ from kope_mcp.models import (
     CaseResult,
     CompileResult,
     CostCounts,
+    DeviceInfo,
+    DeviceList,
     DiagnosticInfo,
     FailureKind,
     KernelResources,
@@ -109,22 +113,34 @@ class Workbench:
         # For tests and tools that inspect the graph; the workbench itself goes through self.memory.
         self.store = self.memory.store
         self.targets = targets if targets is not None else load_targets(settings)
+        # A cluster's devices join the local targets under their device ids (``c@gpu-box``); without a cluster
+        # nothing of Ray is imported.
+        self.cluster = cluster_roster(settings, self.targets) if settings.cluster else None
         keep_bounds_in(settings.home / "bounds.json")
         # Profiles never overlap (a second measurement on a 2-core machine would be the noisy neighbour); the
         # slot goes to the client that used it least lately.
         self._measure_slot = FairSlot()
+        self._device_slots: dict[str, FairSlot] = {}  # a cluster device's own slot: its profiles never overlap
         self._expected_cache: dict[tuple[str, str, int], Prepared] = {}
         self._cache_lock = threading.Lock()
         self.references = ReferenceRunner(settings)
 
+    def all_targets(self) -> dict[str, Target]:
+        """This server's targets by backend name, and the cluster's devices by device id."""
+        return {**self.targets, **(self.cluster.devices() if self.cluster is not None else {})}
+
     def target(self, name: str, task: Task | None = None) -> Target:
-        """The target named ``name``, usable here and for ``task``; raises a fixable error otherwise."""
-        if name not in self.targets:
+        """The target named ``name`` (a backend here, or a cluster device's id), usable here and for ``task``;
+        raises a fixable error otherwise."""
+        targets = self.all_targets() if "@" in name else self.targets
+        if name not in targets:
+            if "@" in name:
+                raise UnknownDeviceError(name, [d for d in targets if "@" in d])
             raise UnknownBackendError(name, self.targets)
-        target = self.targets[name]
+        target = targets[name]
         status = target.status()
         if not status.compile:
-            usable = [n for n, t in self.targets.items() if t.status().compile]
+            usable = [n for n, t in targets.items() if t.status().compile]
             raise TargetUnavailableError(f"backend {name!r} cannot be used on this server: {status.why_not}. "
                                          f"Usable here: {', '.join(usable) or 'none'} (`kope doctor` says more)")
         if task is not None and not target.supports(task):
@@ -135,12 +151,39 @@ class Workbench:
 
     def target_hardware_key(self, name: str) -> str:
         """The hardware key results on backend ``name`` are recorded under; raises ``unknown_backend``."""
-        if name not in self.targets:
-            raise UnknownBackendError(name, self.targets)
-        return self.targets[name].hardware().key
+        return self.target(name).hardware().key
 
     def backends_for(self, task: Task) -> list[str]:
         return [name for name, t in self.targets.items() if t.supports(task)]
+
+    def list_devices(self) -> DeviceList:
+        """Every place a kernel can be compiled, tested and profiled: this server's backends, then the cluster's."""
+        devices, warnings = [], []
+        remote: dict[str, Target] = {}
+        if self.cluster is not None:
+            try:
+                remote = dict(self.cluster.devices(refresh=True))
+            except Exception as exc:  # the cluster being down must not hide this machine's own devices
+                warnings.append(f"the cluster at {self.settings.cluster} did not answer: "
+                                f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]}")
+        for key, target in {**self.targets, **remote}.items():
+            status = target.status()
+            state = ("ready" if status.profile else
+                     f"compile and test only: {status.why_not}" if status.run else
+                     f"compile only: {status.why_not}" if status.compile else f"unavailable: {status.why_not}")
+            described = getattr(target, "described", None)
+            devices.append(DeviceInfo(
+                id=key, backend=target.name, hardware_key=target.hardware().key, status=state,
+                where=f"worker {described.worker} on {described.host}" if described is not None else "this server",
+                queue=self.measure_slot(key).queue))
+        return DeviceList(devices=devices, cluster=self.settings.cluster or None, warnings=warnings)
+
+    def measure_slot(self, target: str) -> FairSlot:
+        """This machine's targets share one slot (one CPU set); each cluster device has its own."""
+        if "@" not in target:
+            return self._measure_slot
+        with self._cache_lock:
+            return self._device_slots.setdefault(target, FairSlot())
 
     def _same_client(self, session_id: str, agent: AgentInfo | None) -> bool:
         return (agent or AgentInfo()).display == self.memory.session(session_id).agent.display
@@ -158,8 +201,16 @@ class Workbench:
         progress: ProgressFn = _noop,
         agent: AgentInfo | None = None,
         target_arch: str | None = None,
+        device: str | None = None,
     ) -> CompileResult:
         task = self.tasks.get(task_id)
+        if device is not None and device != backend:
+            # A device id names its backend; a backend that disagrees with it is a mistake worth saying.
+            chosen = self.target(device, task)
+            if backend not in ("c", chosen.name):
+                raise TargetMismatchError(f"device {device!r} runs the {chosen.name!r} backend, not {backend!r}: "
+                                          "omit backend, or pick a device of that backend (list_devices)")
+            backend = device
         target = self.target(backend, task)
         size = len(source.encode("utf-8"))
         if size > self.settings.max_source_bytes:
@@ -225,7 +276,8 @@ class Workbench:
             cached=build.cached,
             flags=build.flags,
             parent_id=record.parent_id,
-            backend=backend,
+            backend=target.name,
+            device=backend,
             target_arch=build.traits.get("target_arch"),
             resources=[KernelResources.model_validate(r) for r in build.traits.get("resources", [])],
             warnings=warnings,
@@ -387,7 +439,7 @@ class Workbench:
         # calls differ at most by their summation order): a kernel cheap on all but the first call is caught.
         tol = next(iter(task.spec.tolerance.values()))
         progress(1, 3, "waiting for the measurement slot")
-        with self._measure_slot.hold((agent or AgentInfo()).display) as wait:
+        with self.measure_slot(record.target).hold((agent or AgentInfo()).display) as wait:
             cap = self.settings.profile_time_cap_s
             progress(2, 3, f"measuring kernel, baseline{' and reference' if time_reference else ''} interleaved "
                      f"(~{cap:g} s)")

@@ -9,7 +9,7 @@ from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from kope_mcp.models import CompileResult, ProfileReport, TestReport
+from kope_mcp.models import CompileResult, DeviceList, ProfileReport, TestReport
 from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, AppState, agent_info, app_state, call_service
 
 KernelId = Annotated[str, Field(description="The kernel_id returned by compile_kernel.")]
@@ -42,6 +42,10 @@ def register(server: MCPServer[Any]) -> None:
         target_arch: Annotated[str | None, Field(
             description="GPU backends: the architecture to compile for, e.g. 'sm_80', 'sm_90'; default: the GPU "
                         "present, else the backend's default.")] = None,
+        device: Annotated[str | None, Field(
+            description="Where to build, test and profile: a device id from list_devices (e.g. 'c@gpu-box', a "
+                        "cluster worker's); default: this server's own device for `backend`. run_tests and "
+                        "profile_kernel follow the build.")] = None,
     ) -> CompileResult:
         """Compile a candidate kernel for a task. Builds are cached by content (same source and flags: cached).
 
@@ -52,7 +56,23 @@ def register(server: MCPServer[Any]) -> None:
         """
         return await call_service(ctx, app_state(ctx).workbench.compile_kernel, task_id=task_id, source=source,
                                   backend=backend, session_id=session_id, parent_id=parent_id, strategy=strategy,
-                                  flags=flags, progress=True, agent=agent_info(ctx, agent), target_arch=target_arch)
+                                  flags=flags, progress=True, agent=agent_info(ctx, agent), target_arch=target_arch,
+                                  device=device)
+
+    @server.tool(
+        name="list_devices",
+        title="List the devices kernels can run on",
+        annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    )
+    async def list_devices(ctx: Context[AppState]) -> DeviceList:
+        """Where kernels can be compiled, tested and profiled: this server's own backends, and, when it serves a
+        cluster, every worker's devices (id 'backend@worker'), each with its hardware key (results are recorded
+        and ranked per hardware), what it can do, and how many profiles are running or queued on it.
+
+        Next: compile_kernel(..., device=id) to work on a device; results on different hardware are separate
+        sessions. A device that stops answering drops out of this list until its worker is back.
+        """
+        return await call_service(ctx, app_state(ctx).workbench.list_devices)
 
     @server.tool(
         name="run_tests",

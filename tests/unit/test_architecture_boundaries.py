@@ -1,6 +1,7 @@
 """Layers point down only: entry points (app/) -> tools/ (thin MCP handlers) -> services/ (no mcp) -> memory/,
-targets/, tasks/ -> the execution runtime (runtime/) -> base modules; kuzu only in memory/store.py,
-sentence_transformers only in memory/embedder.py. Every import counts, the lazy ones inside functions too."""
+targets/, tasks/, cluster/ -> the execution runtime (runtime/) -> base modules; kuzu only in memory/store.py,
+sentence_transformers only in memory/embedder.py, ray only in cluster/. Every import counts, the lazy ones inside
+functions too."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ PACKAGE = Path(kope_mcp.__file__).parent
 # Processes' mains: app/ (the CLI, the servers, the daemon, the demo, the sandboxed workers' mains), the benchmark
 # drivers, and ``python -m kope_mcp``.
 ENTRY = {"app", "bench", "__main__"}
-LAYERS = {"tools": 4, "services": 3, "memory": 2, "targets": 2, "tasks": 2, "runtime": 1}
-ONLY_IN = {"kuzu": {"memory/store.py"}, "sentence_transformers": {"memory/embedder.py"}}
+LAYERS = {"tools": 4, "services": 3, "memory": 2, "targets": 2, "tasks": 2, "cluster": 2, "runtime": 1}
+ONLY_IN = {"kuzu": {"memory/store.py"}, "sentence_transformers": {"memory/embedder.py"},
+           "ray": {"cluster/dispatch.py", "cluster/worker.py"}}
 MCP_FROM = 4  # tools/ and entry points
 
 

@@ -1,0 +1,78 @@
+"""Every knob of the cluster in one place: how devices are named and found, how long each wait may last, and the
+environment Ray must run with for timings to mean anything."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from kope_mcp.errors import KopeError
+
+NAMESPACE = "kope"
+# A node's custom resource: a worker's devices are placed on the node that `kope worker --name NAME` started.
+NODE_RESOURCE = "kope-node:{name}"
+DEFAULT_TOKEN_FILE = "~/.kope-cluster-token"
+
+
+class ClusterSettingError(KopeError):
+    code = "invalid_setting"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    address: str
+    token_file: Path | None
+    connect_timeout_s: float = 30.0
+    # Listing devices asks every actor for its description; a worker that does not answer within this is left
+    # out (it is shown again once it answers).
+    describe_timeout_s: float = 5.0
+    # The roster of devices is re-read at most this often (a worker that joins shows up within it).
+    roster_ttl_s: float = 5.0
+    # Beyond the call's own wall-clock cap: the transfer of inputs and outputs, a queue on the actor.
+    call_margin_s: float = 60.0
+
+
+def device_id(backend: str, worker: str) -> str:
+    """The id clients pass as ``device``: the backend and the worker that owns it (two workers on one machine are
+    two devices)."""
+    return f"{backend}@{worker}"
+
+
+def actor_name(worker: str, backend: str) -> str:
+    return f"device/{worker}/{backend}"
+
+
+def check_worker_name(name: str) -> str:
+    if not name or len(name) > 40 or not all((c.isascii() and c.isalnum()) or c in "-_." for c in name):
+        raise ClusterSettingError(f"worker name {name!r} is not 1-40 letters, digits, '-', '_' or '.'")
+    return name
+
+
+def token_path(setting: str) -> Path:
+    """The token file, which must exist and be readable by its owner only: without a token Ray runs with no
+    authentication at all, and a readable one lets anyone on the machine submit code to every node."""
+    path = Path(setting or DEFAULT_TOKEN_FILE).expanduser()
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        raise ClusterSettingError(
+            f"no cluster token at {path}: create one (`python -c \"import secrets; print(secrets.token_hex(32))\" > "
+            f"{path} && chmod 600 {path}`), copy it to every machine of the cluster, and point KOPE_CLUSTER_TOKEN "
+            "at it") from None
+    if mode & 0o077:
+        raise ClusterSettingError(f"the cluster token {path} is mode {mode:04o}: other users could join the "
+                                  f"cluster and run code on every node; `chmod 600 {path}`")
+    return path
+
+
+def ray_environment(token: Path) -> dict[str, str]:
+    """What every Ray process of ours (head, node, driver) runs with: token authentication, and workers at normal
+    priority (Ray's default nice 15 would make timings depend on whatever else runs)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_worker_niceness": "0",
+            "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def apply_ray_environment(token: Path) -> None:
+    os.environ.update(ray_environment(token))

@@ -1,0 +1,230 @@
+"""Two `kope worker` machines on a real local Ray cluster (a head and a second node, token-authenticated), driven
+through the real MCP client: routing by device, hardware keys in the memory, a node lost mid-profile, a worker
+that comes back, a client without the token, and `kope worker` itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from kope_mcp.app.server import build_server
+from kope_mcp.cluster.config import ray_environment
+from kope_mcp.errors import DeviceLostError
+from kope_mcp.services.memory import ExperienceMemory
+from kope_mcp.services.workbench import Workbench
+from kope_mcp.settings import KopeSettings
+from tests.conftest import VECTOR_ADD_OK, make_settings
+
+# Ray reads its authentication settings when it is first imported: the fixture sets them, then imports it.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs kope-mcp[cluster]")]
+
+
+class LocalCluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.token = root / "token"
+        self.token.write_text(secrets.token_hex(32))
+        self.token.chmod(0o600)
+        self.saved = {k: os.environ.get(k) for k in ray_environment(self.token)}
+        os.environ.update(ray_environment(self.token))
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "resources": {"kope-node:alpha": 1}, "include_dashboard": False})
+        self.beta = self.cluster.add_node(num_cpus=1, resources={"kope-node:beta": 1})
+        ray.init(address=self.cluster.address, namespace="kope", log_to_driver=False)
+        self.start("alpha")
+        self.start("beta")
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def start(self, worker: str) -> list[str]:
+        from kope_mcp.cluster.worker import start_devices
+
+        return start_devices(worker, self.root / f"worker-{worker}", ["c"])
+
+    def settings(self, home: Path, **overrides: Any) -> KopeSettings:
+        return make_settings(home).model_copy(update={"cluster": self.address, "cluster_token": str(self.token),
+                                                      **overrides})
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path_factory.mktemp("ray"))
+    try:
+        yield local
+    finally:
+        local.close()
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+def test_each_workers_device_is_listed_and_a_loop_routed_to_it_is_recorded_with_its_hardware(cluster, tmp_path):
+    settings = cluster.settings(tmp_path / "home")
+    server = build_server(settings)
+    recorded: dict[str, tuple[str, str]] = {}  # kernel id -> (device, its hardware key)
+
+    async def body() -> None:
+        async with Client(server) as client:
+            listed = await call(client, "list_devices")
+            devices = {d["id"]: d for d in listed["devices"]}
+            assert {"c", "c@alpha", "c@beta"} <= set(devices)
+            assert devices["c@beta"]["where"].startswith("worker beta") and devices["c@beta"]["status"] == "ready"
+            for device in ("c@alpha", "c@beta"):
+                compiled = await call(client, "compile_kernel", task_id="relu", device=device, flags=["-O2"],
+                                      source=(await call(client, "get_task", task_id="relu"))["baseline_source"],
+                                      strategy=f"baseline on {device}")
+                assert compiled["ok"] and compiled["device"] == device and compiled["backend"] == "c"
+                assert (await call(client, "run_tests", kernel_id=compiled["kernel_id"]))["passed"]
+                profiled = await call(client, "profile_kernel", kernel_id=compiled["kernel_id"],
+                                      time_reference=False)
+                assert profiled["failure"] is None and profiled["speedup_vs_baseline"] > 0
+                assert profiled["hardware"]["key"] == devices[device]["hardware_key"]
+                recorded[compiled["kernel_id"]] = (device, devices[device]["hardware_key"])
+
+    anyio.run(body)
+    memory = ExperienceMemory.open(settings.memory_path, False)
+    try:
+        for kernel_id, (device, hardware_key) in recorded.items():
+            attempt = memory.attempt(kernel_id)
+            assert attempt.target == device and attempt.hardware_key == hardware_key
+            assert attempt.tested and attempt.correct and attempt.median_s is not None
+    finally:
+        memory.close()
+
+
+def test_an_unknown_device_is_one_line_naming_the_devices_there_are(cluster, tmp_path):
+    server = build_server(cluster.settings(tmp_path / "home"))
+
+    async def body() -> None:
+        async with Client(server) as client:
+            result = await client.call_tool("compile_kernel", {"task_id": "relu", "source": VECTOR_ADD_OK,
+                                                               "device": "c@nowhere"})
+            assert result.is_error
+            text = result.content[0].text  # type: ignore[union-attr]
+            assert text.startswith("unknown_device: no device 'c@nowhere'") and "c@alpha" in text
+
+    anyio.run(body)
+
+
+def test_a_node_lost_mid_profile_is_device_lost_nothing_is_recorded_and_a_returning_worker_is_listed_again(
+        cluster, tmp_path):
+    bench = Workbench(cluster.settings(tmp_path / "home", profile_time_cap_s=20.0))
+    try:
+        task = bench.tasks.get("vector_add")
+        compiled = bench.compile_kernel("vector_add", task.baseline_source or "", device="c@beta")
+        assert compiled.ok and bench.run_tests(compiled.kernel_id).passed
+        failure: list[BaseException] = []
+
+        def profile() -> None:
+            try:
+                bench.profile_kernel(compiled.kernel_id)
+            except BaseException as exc:
+                failure.append(exc)
+
+        caller = threading.Thread(target=profile)
+        caller.start()
+        time.sleep(4.0)  # inputs drawn and shipped; the worker is measuring
+        started = time.monotonic()
+        cluster.cluster.remove_node(cluster.beta)
+        caller.join(timeout=120)
+        assert not caller.is_alive()
+        assert len(failure) == 1 and isinstance(failure[0], DeviceLostError), failure
+        assert str(failure[0]).startswith("device_lost: device c@beta")
+        assert time.monotonic() - started < 60
+        assert bench.memory.attempt(compiled.kernel_id).median_s is None
+        assert "c@beta" not in {d.id for d in bench.list_devices().devices}
+
+        cluster.beta = cluster.cluster.add_node(num_cpus=1, resources={"kope-node:beta": 1})
+        assert cluster.start("beta") == ["c@beta"]
+        assert "c@beta" in {d.id for d in bench.list_devices().devices}
+    finally:
+        bench.store.close()
+
+
+def test_a_client_without_the_token_is_refused(cluster, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_AUTH_MODE"] = "token"  # it tries token auth, with a token of its own
+    (tmp_path / "wrong").write_text(secrets.token_hex(32))
+    env["RAY_AUTH_TOKEN_PATH"] = str(tmp_path / "wrong")
+    probe = (f"import ray; ray.init(address={cluster.address!r}, log_to_driver=False); "
+             "print(ray.cluster_resources())")
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "kope-node" not in run.stdout
+
+
+def test_kope_worker_joins_as_a_node_offers_its_device_and_withdraws_it_on_sigterm(cluster, tmp_path):
+    env = {**os.environ, "KOPE_HOME": str(tmp_path / "gamma-home"), "KOPE_CLUSTER_TOKEN": str(cluster.token)}
+    worker = subprocess.Popen([sys.executable, "-m", "kope_mcp", "worker", "--cluster", cluster.address, "--name",
+                               "gamma", "--backend", "c"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    bench = Workbench(cluster.settings(tmp_path / "home"))
+    try:
+        deadline = time.monotonic() + 120
+        while "c@gamma" not in {d.id for d in bench.list_devices().devices}:
+            assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+            assert time.monotonic() < deadline
+            time.sleep(1)
+        compiled = bench.compile_kernel("relu", bench.tasks.get("relu").baseline_source or "", device="c@gamma")
+        assert compiled.ok and bench.run_tests(compiled.kernel_id).passed
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+        assert "c@gamma" not in {d.id for d in bench.list_devices().devices}
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        bench.store.close()
+
+
+def test_kope_serve_with_cluster_lists_the_workers_devices_to_a_stdio_client(cluster, tmp_path):
+    # The real entry point: the stdio proxy, and a daemon that joins the cluster itself (on its own thread, with
+    # a bounded wait), not the test process's connection.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    params = StdioServerParameters(
+        command=sys.executable, env={**env, "KOPE_HOME": str(tmp_path / "home"), "KOPE_EMBEDDINGS": "off"},
+        args=["-m", "kope_mcp", "serve", "--log-level", "WARNING", "--cluster", cluster.address,
+              "--cluster-token", str(cluster.token)])
+
+    async def body() -> None:
+        with anyio.fail_after(180):
+            async with Client(params) as client:
+                listed = await call(client, "list_devices")
+                assert {"c", "c@alpha", "c@beta"} <= {d["id"] for d in listed["devices"]}
+                assert listed["cluster"] == cluster.address and listed["warnings"] == []
+
+    anyio.run(body)

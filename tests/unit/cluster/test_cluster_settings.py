@@ -1,0 +1,77 @@
+"""The cluster's settings and its failure paths that need no Ray cluster: tokens, worker names, a head that does
+not answer, and a server without a cluster that never imports Ray."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kope_mcp.cluster.config import ClusterSettingError, check_worker_name, token_path
+from kope_mcp.errors import DeviceLostError
+from kope_mcp.services.workbench import Workbench
+from tests.conftest import VECTOR_ADD_OK, make_settings
+
+
+def test_a_missing_token_is_refused_with_how_to_make_one(tmp_path):
+    with pytest.raises(ClusterSettingError, match=r"^invalid_setting: no cluster token at .*chmod 600"):
+        token_path(str(tmp_path / "absent"))
+
+
+def test_a_token_other_users_can_read_is_refused(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("x" * 64)
+    token.chmod(0o644)
+    with pytest.raises(ClusterSettingError, match="is mode 0644: other users could join"):
+        token_path(str(token))
+    token.chmod(0o600)
+    assert token_path(str(token)) == token
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x" * 41, "gpu/box", "é"])
+def test_a_worker_name_that_cannot_be_part_of_a_device_id_is_refused(name):
+    with pytest.raises(ClusterSettingError, match="is not 1-40 letters"):
+        check_worker_name(name)
+
+
+def test_a_server_whose_cluster_does_not_answer_keeps_its_own_devices_and_says_so(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("x" * 64)
+    token.chmod(0o600)
+    settings = make_settings(tmp_path / "home").model_copy(update={"cluster": "127.0.0.1:1",
+                                                                   "cluster_token": str(token)})
+    bench = Workbench(settings)
+    try:
+        listed = bench.list_devices()
+        assert "c" in {d.id for d in listed.devices}
+        assert listed.warnings and "did not answer" in listed.warnings[0]
+        started = time.monotonic()
+        with pytest.raises(DeviceLostError, match=r"^device_lost: the cluster at 127.0.0.1:1 did not answer"):
+            bench.compile_kernel("vector_add", VECTOR_ADD_OK, device="c@gpu-box")
+        assert time.monotonic() - started < 30
+        assert bench.compile_kernel("vector_add", VECTOR_ADD_OK).ok  # this machine's own backend still works
+    finally:
+        bench.store.close()
+
+
+@pytest.mark.slow
+def test_a_server_without_a_cluster_never_imports_ray(tmp_path):
+    probe = ("import sys; from pathlib import Path; from kope_mcp.services.workbench import Workbench; "
+             "from kope_mcp.settings import KopeSettings; "
+             f"b = Workbench(KopeSettings.from_env(home=Path({str(tmp_path / 'home')!r}), embeddings=False)); "
+             "b.list_devices(); b.store.close(); print('ray' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_the_token_setting_reaches_the_server_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOPE_CLUSTER", " 10.0.0.5:6379 ")
+    monkeypatch.setenv("KOPE_CLUSTER_TOKEN", str(tmp_path / "t"))
+    settings = make_settings(Path(tmp_path / "home"))
+    assert settings.cluster == "10.0.0.5:6379" and settings.cluster_token == str(tmp_path / "t")
+    assert settings.client_visible()["KOPE_CLUSTER"] == "10.0.0.5:6379"
