@@ -65,7 +65,7 @@ class DeviceDescription:
 class DeviceActor:
     """Created by ``kope worker`` (as a detached, named Ray actor on its own node) for one local backend."""
 
-    def __init__(self, worker: str, backend: str, home: str) -> None:
+    def __init__(self, worker: str, backend: str, home: str, target_class: type[Target] | None = None) -> None:
         # Ray starts workers at nice 15 unless the node was started with RAY_worker_niceness=0; a sandbox inherits
         # it. Try to undo it (root can); what is left is reported, and the server warns with every profile.
         with contextlib.suppress(OSError):
@@ -73,7 +73,8 @@ class DeviceActor:
         self.worker, self.backend = worker, backend
         self.settings = KopeSettings.from_env(home=Path(home), embeddings=False)
         self.settings.ensure_home()
-        targets = load_targets(self.settings)
+        # ``target_class``: a target this package does not register (tools/bench_cluster.py's waiting one).
+        targets = {backend: target_class(self.settings)} if target_class is not None else load_targets(self.settings)
         if backend not in targets:
             raise ValueError(f"no backend {backend!r} on worker {worker}; here: {', '.join(sorted(targets))}")
         self.target: Target = targets[backend]

@@ -25,6 +25,7 @@ from kope_mcp.cluster.config import (
 )
 from kope_mcp.cluster.device_actor import DeviceActor
 from kope_mcp.settings import KopeSettings
+from kope_mcp.targets.base import Target
 from kope_mcp.targets.registry import load_targets
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,10 @@ def usable_backends(settings: KopeSettings) -> list[str]:
     return [name for name, target in sorted(load_targets(settings).items()) if target.status().profile]
 
 
-def start_devices(worker: str, home: Path, backends: list[str]) -> list[str]:
+def start_devices(worker: str, home: Path, backends: list[str],
+                  target_classes: dict[str, type[Target]] | None = None) -> list[str]:
     """Create (or replace) this worker's device actors on its node, from a connected driver; their device ids once
-    each has answered."""
+    each has answered. ``target_classes`` supplies a target by class instead of by registered name."""
     import ray
 
     remote_cls: Any = ray.remote(DeviceActor)
@@ -50,7 +52,7 @@ def start_devices(worker: str, home: Path, backends: list[str]) -> list[str]:
         actor = remote_cls.options(
             name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0, max_concurrency=1,
             resources={NODE_RESOURCE.format(name=worker): 0.001},
-        ).remote(worker, backend, str(home))
+        ).remote(worker, backend, str(home), (target_classes or {}).get(backend))
         created.append(actor)
     for actor in created:
         ray.get(actor.describe.remote(), timeout=READY_TIMEOUT_S)
