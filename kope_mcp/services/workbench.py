@@ -14,6 +14,7 @@ from kope_mcp.cluster.dispatch import cluster_roster
 from kope_mcp.errors import (
     MAX_STRATEGY_CHARS,
     BuildTamperedError,
+    DeviceLostError,
     EmptySourceError,
     FailedTestsError,
     NoDeviceError,
@@ -178,6 +179,20 @@ class Workbench:
                 queue=self.measure_slot(key).queue))
         return DeviceList(devices=devices, cluster=self.settings.cluster or None, warnings=warnings)
 
+    def _device_for(self, backend: str) -> str:
+        """Where a call without ``device`` runs: this server's own target for ``backend`` when it can time kernels,
+        else the cluster's device of that backend with the fewest profiles queued (none: stay here, and the call
+        says what this server cannot do)."""
+        local = self.targets.get(backend)
+        if self.cluster is None or (local is not None and local.status().profile):
+            return backend
+        try:
+            ready = [(self.measure_slot(key).queue, key) for key, target in self.cluster.devices().items()
+                     if target.name == backend and target.status().profile]
+        except DeviceLostError:
+            return backend
+        return min(ready)[1] if ready else backend
+
     def measure_slot(self, target: str) -> FairSlot:
         """This machine's targets share one slot (one CPU set); each cluster device has its own."""
         if "@" not in target:
@@ -211,6 +226,8 @@ class Workbench:
                 raise TargetMismatchError(f"device {device!r} runs the {chosen.name!r} backend, not {backend!r}: "
                                           "omit backend, or pick a device of that backend (list_devices)")
             backend = device
+        elif device is None:
+            backend = self._device_for(backend)
         target = self.target(backend, task)
         size = len(source.encode("utf-8"))
         if size > self.settings.max_source_bytes:

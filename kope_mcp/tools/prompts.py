@@ -32,8 +32,9 @@ query_experience(query="<the first error line>", session_id=...) for fixes, then
 5. run_tests(kernel_id=...). If it fails, read the first bad index and the message, query_experience with the \
 failure, fix and recompile. Never profile a kernel that did not pass.
 6. profile_kernel(kernel_id=...) when the server can time this backend (otherwise the answer says `no_device:`; \
-keep optimising for correctness and the static resource report). Keep a kernel only when its speedup's 95% CI \
-lies above your best so far; a `suspect` result is not a win.
+keep optimising for correctness and the static resource report). With a cluster, list_devices shows every \
+worker's devices: pass device=<id> to compile_kernel to work there (tests and profiles follow the build). Keep a \
+kernel only when its speedup's 95% CI lies above your best so far; a `suspect` result is not a win.
 7. After every attempt, failures included, call record_experience(strategy=..., lesson=<what you learned, one \
 paragraph>, kernel_id=..., rationale=<why it worked or not>).
 8. Go back to 2 (with session_id) until the attempts are used up or two strategies in a row gain nothing. End \

@@ -26,6 +26,8 @@ from kope_mcp.errors import DeviceLostError
 from kope_mcp.services.memory import ExperienceMemory
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.settings import KopeSettings
+from kope_mcp.targets.base import Target, TargetStatus
+from kope_mcp.targets.registry import load_targets
 from tests.conftest import VECTOR_ADD_OK, make_settings
 
 # Ray reads its authentication settings when it is first imported: the fixture sets them, then imports it.
@@ -55,10 +57,10 @@ class LocalCluster:
     def address(self) -> str:
         return str(self.cluster.address)
 
-    def start(self, worker: str) -> list[str]:
+    def start(self, worker: str, classes: dict[str, type[Target]] | None = None) -> list[str]:
         from kope_mcp.cluster.worker import start_devices
 
-        return start_devices(worker, self.root / f"worker-{worker}", ["c"])
+        return start_devices(worker, self.root / f"worker-{worker}", list(classes or ["c"]), classes)
 
     def settings(self, home: Path, **overrides: Any) -> KopeSettings:
         return make_settings(home).model_copy(update={"cluster": self.address, "cluster_token": str(self.token),
@@ -113,6 +115,7 @@ def test_each_workers_device_is_listed_and_a_loop_routed_to_it_is_recorded_with_
                                       time_reference=False)
                 assert profiled["failure"] is None and profiled["speedup_vs_baseline"] > 0
                 assert profiled["hardware"]["key"] == devices[device]["hardware_key"]
+                assert not any("runs kernels at nice" in w for w in profiled["warnings"])  # not Ray's nice 15
                 recorded[compiled["kernel_id"]] = (device, devices[device]["hardware_key"])
 
     anyio.run(body)
@@ -228,3 +231,31 @@ def test_kope_serve_with_cluster_lists_the_workers_devices_to_a_stdio_client(clu
                 assert listed["cluster"] == cluster.address and listed["warnings"] == []
 
     anyio.run(body)
+
+
+def test_a_call_without_a_device_goes_to_a_worker_when_this_server_cannot_time_that_backend(cluster, tmp_path):
+    from ray import cloudpickle
+
+    import tests.fake_target as fake
+
+    cloudpickle.register_pickle_by_value(fake)  # the workers cannot import the tests package
+
+    class CannotTimeHere(fake.FakeNumpyTarget):
+        def status(self) -> TargetStatus:
+            return TargetStatus(True, True, False, "compile and test only", why_not="no device for it here")
+
+    assert cluster.start("alpha", {"fake": fake.FakeNumpyTarget}) == ["fake@alpha"]
+    settings = cluster.settings(tmp_path / "home")
+    bench = Workbench(settings, targets={**load_targets(settings), "fake": CannotTimeHere(settings)})
+    try:
+        task = bench.tasks.get("relu")
+        source = bench.targets["fake"].baseline_source(task) or ""
+        compiled = bench.compile_kernel("relu", source, backend="fake")
+        assert compiled.ok and compiled.device == "fake@alpha" and compiled.backend == "fake"
+        assert bench.run_tests(compiled.kernel_id).passed
+        profiled = bench.profile_kernel(compiled.kernel_id, time_reference=False)
+        assert profiled.failure is None and profiled.speedup_vs_baseline is not None
+        here = bench.compile_kernel("relu", VECTOR_ADD_OK.replace("b[i]", "0"), backend="c")
+        assert here.device == "c"  # this server times C itself: no reason to go elsewhere
+    finally:
+        bench.store.close()
