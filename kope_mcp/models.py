@@ -22,6 +22,9 @@ class TaskList(BaseModel):
                                      "it (compile, run_tests, profile) and what is missing. A task line lists its "
                                      "backends when it has more than 'c'.")
     families: list[str] = Field(description="Every family name, for filtering.")
+    devices: dict[str, list[str]] = Field(default_factory=dict, description="With a cluster: per backend, the "
+                                          "worker devices that can profile it (a task runs on the devices of its "
+                                          "backends; pass one as compile_kernel's `device`).")
 
 
 class ArgumentInfo(BaseModel):

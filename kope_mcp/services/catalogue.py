@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kope_mcp.errors import DeviceLostError
 from kope_mcp.models import ArgumentInfo, CaseInfo, TargetSignature, TaskDetail, TaskList, ToleranceInfo
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.targets.base import TargetStatus
@@ -23,7 +24,22 @@ def list_tasks(workbench: Workbench, family: str | None = None, level: int | Non
         count=len(found),
         families=list(FAMILIES),
         backends={name: describe_status(t.status()) for name, t in workbench.targets.items()},
+        devices=_cluster_devices(workbench),
     )
+
+
+def _cluster_devices(workbench: Workbench) -> dict[str, list[str]]:
+    devices: dict[str, list[str]] = {}
+    if workbench.cluster is None:
+        return devices
+    try:
+        remote = workbench.cluster.devices()
+    except DeviceLostError:
+        return devices  # the catalogue stays available while the cluster is not (list_devices says why)
+    for key, target in sorted(remote.items()):
+        if target.status().profile:
+            devices.setdefault(target.name, []).append(key)
+    return devices
 
 
 def describe_status(status: TargetStatus) -> str:

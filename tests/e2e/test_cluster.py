@@ -103,6 +103,8 @@ def test_each_workers_device_is_listed_and_a_loop_routed_to_it_is_recorded_with_
         async with Client(server) as client:
             listed = await call(client, "list_devices")
             devices = {d["id"]: d for d in listed["devices"]}
+            catalogue = await call(client, "list_tasks")
+            assert {"c@alpha", "c@beta"} <= set(catalogue["devices"]["c"])
             assert {"c", "c@alpha", "c@beta"} <= set(devices)
             assert devices["c@beta"]["where"].startswith("worker beta") and devices["c@beta"]["status"] == "ready"
             for device in ("c@alpha", "c@beta"):
