@@ -221,6 +221,11 @@ class ProfileReport(BaseModel):
                                         "byte: whatever was measured is code placement, so it is never labelled "
                                         "effective.")
     hardware: HardwareProfile
+    device: str = Field("c", description="Where it was measured: a backend of this server, or a cluster device.")
+    waited_s: float = Field(0.0, description="Seconds this profile queued for the device (profiles never overlap "
+                            "on a device; the slot goes to the client that used it least lately).")
+    device_share: float = Field(0.0, description="This client's share of the device's recent profiling time (0-1, "
+                                "use decaying with a 60 s half-life), this profile included.")
     warnings: list[str]
     suspect: bool = Field(False, description="The result tripped an integrity check (a CI that contains 1, a rate "
                           "above the machine's roofline): recorded, but never offered to anyone as a win.")

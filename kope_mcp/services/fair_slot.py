@@ -57,6 +57,13 @@ class FairSlot:
                 self._busy = False
                 self._cond.notify_all()
 
+    def share(self, client: str) -> float:
+        """``client``'s part of the slot's recent use (0-1)."""
+        with self._cond:
+            now = time.monotonic()
+            total = sum(self.usage(c, now) for c in self._used)
+            return self.usage(client, now) / total if total > 0 else 0.0
+
     @property
     def queue(self) -> int:
         """Calls holding or waiting for the slot now."""

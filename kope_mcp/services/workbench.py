@@ -456,7 +456,9 @@ class Workbench:
         # calls differ at most by their summation order): a kernel cheap on all but the first call is caught.
         tol = next(iter(task.spec.tolerance.values()))
         progress(1, 3, "waiting for the measurement slot")
-        with self.measure_slot(record.target).hold((agent or AgentInfo()).display) as wait:
+        client = (agent or AgentInfo()).display
+        slot = self.measure_slot(record.target)
+        with slot.hold(client) as wait:
             cap = self.settings.profile_time_cap_s
             progress(2, 3, f"measuring kernel, baseline{' and reference' if time_reference else ''} interleaved "
                      f"(~{cap:g} s)")
@@ -466,13 +468,14 @@ class Workbench:
             costs = target.deterministic_costs(task, record.build_hash, sets[0]) \
                 if deterministic and outcome.status == "ok" else None
         _unless_stopping("profile_kernel")
+        queueing = {"device": record.target, "waited_s": round(wait, 3), "device_share": round(slot.share(client), 3)}
         base_key, pin = measured.baseline_key, measured.pinned_cpu
         failure, message = profile_failure(task, outcome, sets, expected)
         if failure is not None:
             report = ProfileReport(
                 kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),
                 failure=failure, message=message, hardware=hardware, warnings=sandbox_warnings + measured.warnings,
-                threads=1, pinned_cpu=pin, rounds=0, measure_seconds=0.0,
+                threads=1, pinned_cpu=pin, rounds=0, measure_seconds=0.0, **queueing,
                 next_step=FAILURE_NEXT_STEPS.get(failure, FAILURE_NEXT_STEPS["wrong_at_profile_size"]),
             )
             self.memory.record_profile(kernel_id, report)
@@ -511,7 +514,7 @@ class Workbench:
             warnings=warnings, deterministic=costs if isinstance(costs, CostCounts) else None,
             checked_input_sets=len(outcome.outputs), repeated_calls=int(outcome.result.get("repeated_calls") or 0),
             suspect=bool(reasons), suspect_reasons=reasons, noisy=bool(noise), noise_reasons=noise,
-            same_code_as_baseline=measured.same_code_as_baseline,
+            same_code_as_baseline=measured.same_code_as_baseline, **queueing,
             next_step=(
                 "record what you tried; try the next optimisation and compile it with parent_id="
                 f"'{kernel_id}'" if speedup >= 1.0 else

@@ -118,6 +118,7 @@ def test_each_workers_device_is_listed_and_a_loop_routed_to_it_is_recorded_with_
                 assert profiled["failure"] is None and profiled["speedup_vs_baseline"] > 0
                 assert profiled["hardware"]["key"] == devices[device]["hardware_key"]
                 assert not any("runs kernels at nice" in w for w in profiled["warnings"])  # not Ray's nice 15
+                assert profiled["device"] == device and 0 < profiled["device_share"] <= 1
                 recorded[compiled["kernel_id"]] = (device, devices[device]["hardware_key"])
 
     anyio.run(body)

@@ -79,3 +79,18 @@ def _until_busy(slot: FairSlot) -> None:
     while not slot._busy:
         assert time.monotonic() < deadline
         time.sleep(0.005)
+
+
+def test_each_clients_share_of_the_slot_is_its_part_of_the_recent_use():
+    slot = FairSlot()
+    assert slot.share("a") == 0.0
+    held = {}
+    for client, seconds in (("a", 0.06), ("b", 0.02)):
+        start = time.monotonic()
+        with slot.hold(client):
+            time.sleep(seconds)
+        held[client] = time.monotonic() - start
+    # Use decays with a 60 s half-life: over the test's fraction of a second, the shares are the times held.
+    assert abs(slot.share("a") - held["a"] / (held["a"] + held["b"])) < 0.02
+    assert abs(slot.share("a") + slot.share("b") - 1.0) < 1e-9
+    assert slot.queue == 0
