@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,9 +80,15 @@ class DeviceActor:
             raise ValueError(f"no backend {backend!r} on worker {worker}; here: {', '.join(sorted(targets))}")
         self.target: Target = targets[backend]
         self.tasks: dict[str, Task] = {}
+        self._tasks_lock = threading.Lock()
+        self._profile_lock = threading.Lock()
 
     def _task(self, bundle: TaskBundle) -> Task:
         key = bundle.digest()
+        with self._tasks_lock:
+            return self._materialised(key, bundle)
+
+    def _materialised(self, key: str, bundle: TaskBundle) -> Task:
         if key not in self.tasks:
             folder = self.settings.home / "cluster-tasks" / key / bundle.task_id
             if not (folder / "task.toml").is_file():
@@ -119,8 +126,10 @@ class DeviceActor:
 
     def profile(self, bundle: TaskBundle, build_hash: str, sets: list[PreparedCase], with_reference: bool,
                 time_cap_s: float, consistency: tuple[float, float], wall_s: float) -> Measurement:
-        return self.target.profile(self._task(bundle), build_hash, sets, with_reference=with_reference,
-                                   time_cap_s=time_cap_s, consistency=consistency, wall_s=wall_s)
+        task = self._task(bundle)
+        with self._profile_lock:
+            return self.target.profile(task, build_hash, sets, with_reference=with_reference,
+                                       time_cap_s=time_cap_s, consistency=consistency, wall_s=wall_s)
 
     def deterministic_costs(self, bundle: TaskBundle, build_hash: str, case: PreparedCase) -> Any:
         return self.target.deterministic_costs(self._task(bundle), build_hash, case)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,18 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 90.0
 
 
+def node_resources(worker: str, settings: KopeSettings, backends: list[str]) -> dict[str, float]:
+    """What the node advertises: its worker's name (where its actors go), and each backend and hardware key it
+    offers, so Ray-level placement and `ray status` can see what the machine has."""
+    targets = load_targets(settings)
+    resources = {NODE_RESOURCE.format(name=worker): 1.0}
+    for backend in backends:
+        resources[f"kope-backend:{backend}"] = 1.0
+        key = re.sub(r"[^A-Za-z0-9_./()+-]", "_", targets[backend].hardware().key)
+        resources[f"kope-hw:{key}"] = 1.0
+    return resources
+
+
 def usable_backends(settings: KopeSettings) -> list[str]:
     """The backends that can time kernels on this machine: a device that can only compile is of no use to others."""
     return [name for name, target in sorted(load_targets(settings).items()) if target.status().profile]
@@ -50,7 +63,9 @@ def start_devices(worker: str, home: Path, backends: list[str],
         with contextlib.suppress(ValueError):  # a worker that comes back replaces its old actor
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))
         actor = remote_cls.options(
-            name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0, max_concurrency=1,
+            # Compiles and tests run beside a profile, as on a server's own device; profiles take the actor's
+            # lock, so they never overlap on the device, whichever server sent them.
+            name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0, max_concurrency=4,
             resources={NODE_RESOURCE.format(name=worker): 0.001},
         ).remote(worker, backend, str(home), (target_classes or {}).get(backend))
         created.append(actor)
@@ -78,7 +93,7 @@ def run_worker(address: str, worker: str, home: Path, token: Path, backends: lis
     ray_cli = Path(sys.executable).with_name("ray")
     node = subprocess.Popen(
         [str(ray_cli), "start", "--address", address, "--block", "--disable-usage-stats",
-         "--resources", json.dumps({NODE_RESOURCE.format(name=worker): 1})],
+         "--resources", json.dumps(node_resources(worker, settings, wanted))],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     stopping = False
 

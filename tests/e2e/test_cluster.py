@@ -205,6 +205,10 @@ def test_kope_worker_joins_as_a_node_offers_its_device_and_withdraws_it_on_sigte
             assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
             assert time.monotonic() < deadline
             time.sleep(1)
+        import ray
+
+        resources = ray.cluster_resources()
+        assert "kope-backend:c" in resources and any(k.startswith("kope-hw:") for k in resources)
         compiled = bench.compile_kernel("relu", bench.tasks.get("relu").baseline_source or "", device="c@gamma")
         assert compiled.ok and bench.run_tests(compiled.kernel_id).passed
         worker.send_signal(signal.SIGTERM)
@@ -261,4 +265,54 @@ def test_a_call_without_a_device_goes_to_a_worker_when_this_server_cannot_time_t
         here = bench.compile_kernel("relu", VECTOR_ADD_OK.replace("b[i]", "0"), backend="c")
         assert here.device == "c"  # this server times C itself: no reason to go elsewhere
     finally:
+        bench.store.close()
+
+
+def _held_profile(release: str, expired: str) -> Any:
+    """A fake profile that holds the device until ``release`` exists (at most 60 s, then it writes ``expired``)."""
+    import tests.fake_target as fake
+
+    def profile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(release):
+            if time.monotonic() > deadline:
+                Path(expired).write_text("the device was held for 60 s")
+                break
+            time.sleep(0.05)
+        return fake.FakeNumpyTarget.profile(self, *args, **kwargs)
+
+    return type("HeldProfileTarget", (fake.FakeNumpyTarget,), {"profile": profile})
+
+
+def test_a_compile_and_a_test_on_a_device_run_beside_its_profile(cluster, tmp_path):
+    from ray import cloudpickle
+
+    import tests.fake_target as fake
+
+    cloudpickle.register_pickle_by_value(fake)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    release, expired = tmp_path / "release", tmp_path / "expired"
+    assert cluster.start("beta", {"fake": _held_profile(str(release), str(expired))}) == ["fake@beta"]
+    settings = cluster.settings(tmp_path / "home")
+    bench = Workbench(settings, targets={**load_targets(settings), "fake": fake.FakeNumpyTarget(settings)})
+    try:
+        task = bench.tasks.get("relu")
+        source = bench.targets["fake"].baseline_source(task) or ""
+        first = bench.compile_kernel("relu", source, device="fake@beta")
+        assert bench.run_tests(first.kernel_id).passed
+        profiling = threading.Thread(target=bench.profile_kernel, args=(first.kernel_id,), daemon=True)
+        profiling.start()
+        deadline = time.monotonic() + 120
+        while bench.measure_slot("fake@beta").queue == 0:  # inputs drawn; the profile is on its way to the worker
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.0)
+        second = bench.compile_kernel("relu", source + "\n# another build\n", device="fake@beta")
+        assert second.ok and bench.run_tests(second.kernel_id).passed
+        assert not expired.exists()  # they ran while the profile held the device, not after it let go
+        release.write_text("go")
+        profiling.join(timeout=180)
+        assert bench.memory.attempt(first.kernel_id).median_s is not None
+    finally:
+        release.write_text("go")
         bench.store.close()
