@@ -1,17 +1,26 @@
 """The server's side of the cluster: which devices the workers offer, and a Target for each that forwards the
 contract's calls to its actor. Every wait is bounded; a device that stops answering is a ``device_lost`` error for
-the call that was waiting (nothing of it is recorded as a result) and leaves the roster until it answers again."""
+the call that was waiting (nothing of it is recorded as a result) and leaves the roster until it answers again.
+Ray itself runs in a child process (``driver.py``): a head that goes away ends that child, never the server."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import pickle
 import socket
+import subprocess
+import sys
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from kope_mcp.cluster.config import NAMESPACE, ClusterConfig, apply_ray_environment, device_id, token_path
+from kope_mcp.cluster.config import ClusterConfig, device_id, token_path
 from kope_mcp.cluster.device_actor import DeviceDescription, TaskBundle
+from kope_mcp.cluster.driver import Lost
 from kope_mcp.errors import DeviceLostError
 from kope_mcp.hardware import HardwareProfile
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
@@ -34,10 +43,11 @@ class RemoteTarget(Target):
     language = "remote"
     source_kind = "a kernel source"
 
-    def __init__(self, settings: KopeSettings, local: Target, actor: Any, described: DeviceDescription,
-                 config: ClusterConfig, on_lost: Any) -> None:
+    def __init__(self, settings: KopeSettings, local: Target, link: DriverLink, actor: str,
+                 described: DeviceDescription, config: ClusterConfig, on_lost: Any) -> None:
         super().__init__(settings)
-        self.local, self.actor, self.described, self.config, self.on_lost = local, actor, described, config, on_lost
+        self.local, self.link, self.actor, self.described = local, link, actor, described
+        self.config, self.on_lost = config, on_lost
         self.device = device_id(described.backend, described.worker)
 
     # --- what depends on the backend alone: the server's own copy of the target ---------------------------------
@@ -67,27 +77,12 @@ class RemoteTarget(Target):
         return self.described.roofline
 
     def _call(self, what: str, method: str, timeout_s: float, *args: Any) -> Any:
-        import ray
-        from ray import exceptions
-
-        ref = getattr(self.actor, method).remote(*args)
         try:
-            return ray.get(ref, timeout=timeout_s)
-        except exceptions.GetTimeoutError:
-            ray.cancel(ref)
+            return self.link.call("call", (self.actor, method, args, timeout_s), timeout_s + 30)
+        except Lost as exc:
             self.on_lost(self.device)
-            raise DeviceLostError(f"device {self.device} did not finish {what} within {timeout_s:.0f} s; nothing of "
-                                  "this call was recorded (list_devices shows what is available)") from None
-        except exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, Exception):
-                raise cause from None  # the contract's own outcome (a refused flag, a tampered build), as if local
-            raise
-        except (exceptions.RayActorError, exceptions.ActorUnavailableError, exceptions.RaySystemError) as exc:
-            self.on_lost(self.device)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise DeviceLostError(f"device {self.device} was lost during {what} ({first}); nothing of this call "
-                                  "was recorded (list_devices shows what is available)") from None
+            raise DeviceLostError(f"device {self.device} was lost during {what} ({exc}); nothing of this call was "
+                                  "recorded (list_devices shows what is available)") from None
 
     def compile(self, task: Task, source: str, flags: list[str], options: CompileOptions) -> BuildResult:
         return self._call("compile_kernel", "compile", self.settings.compile_timeout_s + self.config.call_margin_s,
@@ -118,57 +113,117 @@ class RemoteTarget(Target):
         return result
 
 
+class DriverLink:
+    """The server's end of the pipe to the Ray driver child (started on first use, again after it ended)."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._process: Any = None
+        self._conn: Any = None
+        self._pending: dict[int, Future[tuple[str, Any]]] = {}
+        self._ids = itertools.count()
+
+    def _alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None and self._conn is not None
+
+    def _start(self) -> None:
+        """Start the child and wait (bounded) until it has joined the cluster; raise ConnectionError otherwise."""
+        host, _, port = self.config.address.rpartition(":")
+        try:  # Ray retries an absent head for a minute before it gives up: ask the port first
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError) as exc:
+            raise ConnectionError(f"nothing answers at {self.config.address} "
+                                  f"({exc.strerror if isinstance(exc, OSError) and exc.strerror else exc})") from None
+        # A plain child process on one end of a socket pair, not multiprocessing's spawn: that would run the
+        # server's own __main__ again in the child.
+        ours_sock, theirs_sock = socket.socketpair()
+        token = str(self.config.token_file) if self.config.token_file is not None else ""
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kope_mcp.cluster.driver", self.config.address, token,
+             str(self.config.describe_timeout_s), str(theirs_sock.fileno())],
+            pass_fds=[theirs_sock.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            start_new_session=True)
+        theirs_sock.close()
+        ours = Connection(ours_sock.detach())
+        if not ours.poll(self.config.connect_timeout_s):
+            process.kill()
+            raise ConnectionError(f"the head at {self.config.address} did not accept this server within "
+                                  f"{self.config.connect_timeout_s:g} s (is KOPE_CLUSTER_TOKEN the cluster's token?)")
+        try:
+            kind, message = ours.recv()
+        except EOFError:
+            kind, message = "error", f"its driver process exited with code {process.poll()}"
+        if kind != "ready":
+            process.kill()
+            raise ConnectionError(str(message))
+        self._process, self._conn = process, ours
+        threading.Thread(target=self._read, args=(ours,), name="kope-cluster-replies", daemon=True).start()
+
+    def _read(self, conn: Any) -> None:
+        while True:
+            try:
+                request, kind, value = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            future = self._pending.pop(request, None)
+            if future is not None:
+                future.set_result((kind, value))
+        with self._lock:  # the child ended (its head went away, or it was killed): every waiting call is lost
+            if self._conn is conn:
+                self._conn = None
+            waiting = [f for r, f in list(self._pending.items()) if self._pending.pop(r, None) is not None]
+        for future in waiting:
+            future.set_result(("lost", "the connection to the cluster ended"))
+
+    def call(self, op: str, args: tuple[Any, ...], timeout_s: float, reset_on_timeout: bool = False) -> Any:
+        """Ask the driver; raise ``Lost`` when the answer does not come, a contract error as the device raised it.
+        ``reset_on_timeout``: a driver that cannot answer this (a listing, never long) is stuck on a head that went
+        away; it is ended, and the next call starts another (which fails fast while nothing answers there)."""
+        with self._lock:
+            if not self._alive():
+                if self._process is not None:
+                    self._process.kill()
+                    self._process.wait()
+                self._start()
+            request = next(self._ids)
+            future: Future[tuple[str, Any]] = Future()
+            self._pending[request] = future
+            conn = self._conn
+        try:
+            with self._send_lock:
+                conn.send((request, op, args))
+        except (OSError, ValueError) as exc:
+            self._pending.pop(request, None)
+            raise Lost(f"the connection to the cluster failed: {exc}") from None
+        try:
+            kind, value = future.result(timeout=timeout_s)
+        except FutureTimeout:
+            self._pending.pop(request, None)
+            if reset_on_timeout:
+                with self._lock:
+                    if self._process is not None and self._conn is conn:
+                        self._process.kill()
+            raise Lost(f"no answer within {timeout_s:.0f} s") from None
+        if kind == "ok":
+            return value
+        if kind == "raise":
+            raise value
+        if kind == "lost":
+            raise Lost(str(value))
+        raise RuntimeError(f"the cluster's answer could not be read back: {value}")
+
+
 class ClusterRoster:
     """The devices of a Ray cluster's `kope worker`s, re-read at most every ``roster_ttl_s``."""
 
     def __init__(self, settings: KopeSettings, config: ClusterConfig, local: dict[str, Target]) -> None:
         self.settings, self.config, self.local = settings, config, local
+        self.link = DriverLink(config)
         self._lock = threading.Lock()
-        self._connected = False
-        self._joining: tuple[threading.Thread, dict[str, BaseException]] | None = None
         self._devices: dict[str, RemoteTarget] = {}
         self._read_at = -1e9
-
-    def _connect(self) -> None:
-        """Join the cluster as a driver, within ``connect_timeout_s``: Ray itself retries an absent head forever."""
-        if self._connected:
-            return
-        # Before ray's first import in this process: it reads its authentication settings then.
-        if self.config.token_file is not None:
-            apply_ray_environment(self.config.token_file)
-        host, _, port = self.config.address.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except (OSError, ValueError) as exc:
-            raise ConnectionError(f"nothing answers at {self.config.address} "
-                                  f"({exc.strerror if isinstance(exc, OSError) and exc.strerror else exc})") from None
-        import ray
-
-        if ray.is_initialized():  # this process already drives the cluster (a test, or `kope worker` itself)
-            self._connected = True
-            return
-        if self._joining is None:
-            outcome: dict[str, BaseException] = {}
-
-            def join() -> None:
-                try:
-                    ray.init(address=self.config.address, namespace=NAMESPACE, log_to_driver=False,
-                             logging_level=logging.WARNING, configure_logging=False)
-                except BaseException as exc:  # handed to the waiting call
-                    outcome["error"] = exc
-
-            thread = threading.Thread(target=join, name="kope-cluster-join", daemon=True)
-            thread.start()
-            self._joining = (thread, outcome)
-        thread, outcome = self._joining
-        thread.join(self.config.connect_timeout_s)
-        if thread.is_alive():
-            raise ConnectionError(f"the head at {self.config.address} did not accept this server within "
-                                  f"{self.config.connect_timeout_s:g} s (is KOPE_CLUSTER_TOKEN the cluster's token?)")
-        self._joining = None
-        if "error" in outcome:
-            raise outcome["error"]
-        self._connected = True
 
     def lost(self, device: str) -> None:
         with self._lock:
@@ -179,43 +234,24 @@ class ClusterRoster:
             if refresh or time.monotonic() - self._read_at >= self.config.roster_ttl_s:
                 try:
                     self._devices = self._read()
-                except Exception as exc:
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-                    raise DeviceLostError(f"the cluster at {self.config.address} did not answer ({first}); this "
-                                          "server's own backends still work (list_devices)") from exc
+                except (Lost, ConnectionError) as exc:
+                    raise DeviceLostError(f"the cluster at {self.config.address} did not answer ({exc}); this "
+                                          "server's own backends still work (list_devices)") from None
                 self._read_at = time.monotonic()
             return dict(self._devices)
 
     def _read(self) -> dict[str, RemoteTarget]:
-        self._connect()  # first: ray must not be imported before its authentication settings are in place
-        import ray
-
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                 if a.get("namespace") == NAMESPACE and a["name"].startswith("device/")]
-        actors: dict[str, Any] = {}
-        for name in names:
-            try:
-                actors[name] = ray.get_actor(name, namespace=NAMESPACE)
-            except ValueError:
-                continue  # gone since it was listed
-        refs = {actor.describe.remote(): name for name, actor in actors.items()}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.config.describe_timeout_s)
         found: dict[str, RemoteTarget] = {}
-        for ref in ready:
-            try:
-                described: DeviceDescription = ray.get(ref, timeout=0)
-            except Exception as exc:  # a dead or broken worker is left out, not fatal to the roster
-                log.info("device %s did not describe itself: %s", refs[ref], exc)
-                continue
+        for actor, described in self.link.call("devices", (), self.config.describe_timeout_s + 5,
+                                               reset_on_timeout=True):
             local = self.local.get(described.backend)
             if local is None:
-                log.warning("device %s offers backend %r, which this server does not have", refs[ref],
-                            described.backend)
+                log.warning("device %s offers backend %r, which this server does not have", actor, described.backend)
                 continue
             cls = type(f"Remote{type(local).__name__}", (RemoteTarget,),
                        {"name": local.name, "language": local.language, "source_kind": local.source_kind,
                         "draws_cases": local.draws_cases})
-            target = cls(self.settings, local, actors[refs[ref]], described, self.config, self.lost)
+            target = cls(self.settings, local, self.link, actor, described, self.config, self.lost)
             found[target.device] = target
         return found
 

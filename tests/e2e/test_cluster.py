@@ -316,3 +316,36 @@ def test_a_compile_and_a_test_on_a_device_run_beside_its_profile(cluster, tmp_pa
     finally:
         release.write_text("go")
         bench.store.close()
+
+
+def test_the_server_outlives_a_head_that_dies_and_keeps_its_own_devices(cluster, tmp_path):
+    # A Ray driver whose head dies terminates its process after a minute: the server's driver is a child of its
+    # own, so what ends is that child. A second cluster (same token), which the test process does not drive.
+    from ray.cluster_utils import Cluster
+
+    other = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": {"kope-node:solo": 1}, "include_dashboard": False})
+    bench = None
+    try:
+        start = (f"import ray; from pathlib import Path; ray.init(address={other.address!r}, namespace='kope', "
+                 "log_to_driver=False); from kope_mcp.cluster.worker import start_devices; "
+                 f"print(start_devices('solo', Path({str(tmp_path / 'solo')!r}), ['c']))")
+        run = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, timeout=180)
+        assert "c@solo" in run.stdout, run.stderr[-2000:]
+        settings = cluster.settings(tmp_path / "home").model_copy(update={"cluster": other.address})
+        bench = Workbench(settings)
+        assert "c@solo" in {d.id for d in bench.list_devices().devices}
+        other.head_node.kill_gcs_server()
+        started = time.monotonic()
+        listed = bench.list_devices()
+        assert time.monotonic() - started < 60
+        assert "c@solo" not in {d.id for d in listed.devices} and "c" in {d.id for d in listed.devices}
+        assert listed.warnings and "did not answer" in listed.warnings[0]
+        time.sleep(65)  # past the minute after which Ray ends a driver whose head is gone
+        assert bench.compile_kernel("relu", bench.tasks.get("relu").baseline_source or "").ok
+        again = bench.list_devices()
+        assert "c" in {d.id for d in again.devices} and again.warnings
+    finally:
+        if bench is not None:
+            bench.store.close()
+        other.shutdown()

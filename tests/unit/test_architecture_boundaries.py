@@ -16,7 +16,7 @@ PACKAGE = Path(kope_mcp.__file__).parent
 ENTRY = {"app", "bench", "__main__"}
 LAYERS = {"tools": 4, "services": 3, "memory": 2, "targets": 2, "tasks": 2, "cluster": 2, "runtime": 1}
 ONLY_IN = {"kuzu": {"memory/store.py"}, "sentence_transformers": {"memory/embedder.py"},
-           "ray": {"cluster/dispatch.py", "cluster/worker.py"}}
+           "ray": {"cluster/driver.py", "cluster/worker.py"}}
 MCP_FROM = 4  # tools/ and entry points
 
 
