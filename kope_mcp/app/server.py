@@ -87,6 +87,8 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
             live.state = None
             workbench.memory.stop()
             workbench.memory.close()
+            if workbench.cluster is not None:
+                workbench.cluster.close()  # its Ray driver child leaves the cluster with it
 
     server: MCPServer[Any] = KopeMCPServer(
         name="kope-mcp",

@@ -177,6 +177,20 @@ class DriverLink:
         for future in waiting:
             future.set_result(("lost", "the connection to the cluster ended"))
 
+    def close(self) -> None:
+        """End the driver child (it leaves the cluster as its pipe closes; killed if it does not within 10 s)."""
+        with self._lock:
+            conn, process = self._conn, self._process
+            self._conn = self._process = None
+        if conn is not None:
+            conn.close()
+        if process is not None:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
     def call(self, op: str, args: tuple[Any, ...], timeout_s: float, reset_on_timeout: bool = False) -> Any:
         """Ask the driver; raise ``Lost`` when the answer does not come, a contract error as the device raised it.
         ``reset_on_timeout``: a driver that cannot answer this (a listing, never long) is stuck on a head that went
@@ -228,6 +242,11 @@ class ClusterRoster:
     def lost(self, device: str) -> None:
         with self._lock:
             self._devices.pop(device, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._devices = {}
+        self.link.close()
 
     def devices(self, refresh: bool = False) -> dict[str, RemoteTarget]:
         with self._lock:

@@ -87,6 +87,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         local.close()
 
 
+def _close(bench: Workbench) -> None:
+    if bench.cluster is not None:
+        bench.cluster.close()  # its driver child, which would otherwise live as long as this test process
+    bench.store.close()
+
+
 async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
     result = await client.call_tool(tool, arguments)
     assert not result.is_error, result.content
@@ -178,7 +184,7 @@ def test_a_node_lost_mid_profile_is_device_lost_nothing_is_recorded_and_a_return
         assert cluster.start("beta") == ["c@beta"]
         assert "c@beta" in {d.id for d in bench.list_devices().devices}
     finally:
-        bench.store.close()
+        _close(bench)
 
 
 def test_a_client_without_the_token_is_refused(cluster, tmp_path):
@@ -218,7 +224,7 @@ def test_kope_worker_joins_as_a_node_offers_its_device_and_withdraws_it_on_sigte
         if worker.poll() is None:
             worker.kill()
             worker.wait()
-        bench.store.close()
+        _close(bench)
 
 
 def test_kope_serve_with_cluster_lists_the_workers_devices_to_a_stdio_client(cluster, tmp_path):
@@ -265,7 +271,7 @@ def test_a_call_without_a_device_goes_to_a_worker_when_this_server_cannot_time_t
         here = bench.compile_kernel("relu", VECTOR_ADD_OK.replace("b[i]", "0"), backend="c")
         assert here.device == "c"  # this server times C itself: no reason to go elsewhere
     finally:
-        bench.store.close()
+        _close(bench)
 
 
 def _held_profile(release: str, expired: str) -> Any:
@@ -315,7 +321,7 @@ def test_a_compile_and_a_test_on_a_device_run_beside_its_profile(cluster, tmp_pa
         assert bench.memory.attempt(first.kernel_id).median_s is not None
     finally:
         release.write_text("go")
-        bench.store.close()
+        _close(bench)
 
 
 def test_the_server_outlives_a_head_that_dies_and_keeps_its_own_devices(cluster, tmp_path):
@@ -347,5 +353,5 @@ def test_the_server_outlives_a_head_that_dies_and_keeps_its_own_devices(cluster,
         assert "c" in {d.id for d in again.devices} and again.warnings
     finally:
         if bench is not None:
-            bench.store.close()
+            _close(bench)
         other.shutdown()
