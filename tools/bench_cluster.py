@@ -27,8 +27,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from kope_mcp.cluster.config import ray_environment
 from kope_mcp.hardware import HardwareProfile
 from kope_mcp.settings import KopeSettings

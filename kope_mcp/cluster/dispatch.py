@@ -122,7 +122,7 @@ class DriverLink:
         self._send_lock = threading.Lock()
         self._process: Any = None
         self._conn: Any = None
-        self._pending: dict[int, Future[tuple[str, Any]]] = {}
+        self._pending: dict[int, tuple[Any, Future[tuple[str, Any]]]] = {}  # by request: its pipe, its answer
         self._ids = itertools.count()
 
     def _alive(self) -> bool:
@@ -167,14 +167,15 @@ class DriverLink:
                 request, kind, value = pickle.loads(conn.recv_bytes())
             except (EOFError, OSError):
                 break
-            future = self._pending.pop(request, None)
-            if future is not None:
-                future.set_result((kind, value))
-        with self._lock:  # the child ended (its head went away, or it was killed): every waiting call is lost
+            entry = self._pending.pop(request, None)
+            if entry is not None:
+                entry[1].set_result((kind, value))
+        with self._lock:  # the child ended (its head went away, or it was killed): its waiting calls are lost
             if self._conn is conn:
                 self._conn = None
-            waiting = [f for r, f in list(self._pending.items()) if self._pending.pop(r, None) is not None]
-        for future in waiting:
+            waiting = [r for r, (sent_on, _) in self._pending.items() if sent_on is conn]
+            futures = [self._pending.pop(r)[1] for r in waiting]
+        for future in futures:
             future.set_result(("lost", "the connection to the cluster ended"))
 
     def close(self) -> None:
@@ -203,8 +204,8 @@ class DriverLink:
                 self._start()
             request = next(self._ids)
             future: Future[tuple[str, Any]] = Future()
-            self._pending[request] = future
             conn = self._conn
+            self._pending[request] = (conn, future)
         try:
             with self._send_lock:
                 conn.send((request, op, args))

@@ -152,7 +152,10 @@ class Workbench:
 
     def target_hardware_key(self, name: str) -> str:
         """The hardware key results on backend ``name`` are recorded under; raises ``unknown_backend``."""
-        return self.target(name).hardware().key
+        targets = self.all_targets() if "@" in name else self.targets
+        if name not in targets:
+            raise UnknownBackendError(name, targets)
+        return targets[name].hardware().key
 
     def backends_for(self, task: Task) -> list[str]:
         return [name for name, t in self.targets.items() if t.supports(task)]
@@ -164,9 +167,8 @@ class Workbench:
         if self.cluster is not None:
             try:
                 remote = dict(self.cluster.devices(refresh=True))
-            except Exception as exc:  # the cluster being down must not hide this machine's own devices
-                warnings.append(f"the cluster at {self.settings.cluster} did not answer: "
-                                f"{(str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]}")
+            except DeviceLostError as exc:  # the cluster being down must not hide this machine's own devices
+                warnings.append(exc.detail)
         for key, target in {**self.targets, **remote}.items():
             status = target.status()
             state = ("ready" if status.profile else
@@ -219,15 +221,15 @@ class Workbench:
         device: str | None = None,
     ) -> CompileResult:
         task = self.tasks.get(task_id)
-        if device is not None and device != backend:
+        if device is None:
+            backend = self._device_for(backend)
+        else:
             # A device id names its backend; a backend that disagrees with it is a mistake worth saying.
             chosen = self.target(device, task)
             if backend not in ("c", chosen.name):
                 raise TargetMismatchError(f"device {device!r} runs the {chosen.name!r} backend, not {backend!r}: "
                                           "omit backend, or pick a device of that backend (list_devices)")
             backend = device
-        elif device is None:
-            backend = self._device_for(backend)
         target = self.target(backend, task)
         size = len(source.encode("utf-8"))
         if size > self.settings.max_source_bytes:
