@@ -48,7 +48,8 @@ class KopeSettings(BaseModel):
     max_source_bytes: int = Field(256 * 1024, description="Largest accepted kernel source (KOPE_MAX_SOURCE_BYTES).")
     compile_timeout_s: float = Field(60.0, description="Wall-clock cap for one compilation.")
     test_timeout_s: float = Field(30.0, description="Wall-clock cap for one run_tests child process.")
-    profile_time_cap_s: float = Field(3.0, description="Measurement time budget of profile_kernel (KOPE_PROFILE_S).")
+    profile_time_cap_s: float = Field(3.0, description="Measurement time cap of profile_kernel (KOPE_PROFILE_S); "
+                                      "a noisy profile samples on up to 3 times it.")
     memory_limit_bytes: int = Field(4 * 1024**3, description="Address-space limit of a kernel child process.")
     compiler: str = Field("gcc", description="C compiler for the c backend (KOPE_CC).")
     embeddings: bool = Field(True, description="Semantic search with all-MiniLM-L6-v2 (KOPE_EMBEDDINGS=off).")

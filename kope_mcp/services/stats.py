@@ -7,16 +7,9 @@ import math
 import numpy as np
 
 from kope_mcp.models import TimingStats
+from kope_mcp.runtime.measurement import median_ci95
 
-
-def median_ci95(values: np.ndarray) -> tuple[float, float]:
-    """95% CI of the median from order statistics (no normality assumption); the extremes for tiny n."""
-    ordered = np.sort(values)
-    n = len(ordered)
-    half_width = 1.96 * math.sqrt(n) / 2
-    lo = max(0, math.floor(n / 2 - half_width) - 1)
-    hi = min(n - 1, math.ceil(n / 2 + half_width))
-    return float(ordered[lo]), float(ordered[hi])
+__all__ = ["median_ci95", "paired_speedup", "ratio_spread", "summarize"]
 
 
 def summarize(samples: list[float], calls_per_sample: int) -> TimingStats:
