@@ -7,7 +7,9 @@ Arms differ only in what the agent reads before choosing:
 - ``oracle``: the task's own best order, from the measured catalogue (catalogue.py): the ceiling;
 - ``passive@W``: the whole memory (resource kope://memory/history.json) every iteration, as an agent that pastes
   its entire history into its own context;
-- ``active@W``: query_experience with a token budget (active context selection).
+- ``active@W``: query_experience with a token budget (active context selection);
+- ``aa@W``: the A/A control: passive's reads through the same window, static's choices (and static's seeded
+  tie-breaks), so it must tie ``static``: a difference is bias of the protocol between arms, not memory.
 The agent keeps a chat transcript bounded to W tokens (transcript.py: its task, what it read, the kernels it
 wrote and the tools' answers) and acts only on the memory items still inside it, reading their data fields
 (strategy, label, step ratio, task, family, hardware), never the markdown. ``passive`` and ``active`` are read
@@ -35,8 +37,10 @@ BROKEN_LABELS = ("compile_error", "incorrect")
 
 
 def arms(windows: tuple[int, ...] = WINDOWS) -> tuple[str, ...]:
-    """The bench's arms: the controls, then each memory policy at each pre-registered window."""
-    return ("none", "static", "oracle", *(f"{p}@{w // 1000}k" for w in windows for p in ("passive", "active")))
+    """The bench's arms: the controls, the A/A control at the widest window, then each memory policy at each
+    pre-registered window."""
+    return ("none", "static", "oracle", f"aa@{max(windows) // 1000}k",
+            *(f"{p}@{w // 1000}k" for w in windows for p in ("passive", "active")))
 
 
 def parse_arm(arm: str) -> tuple[str, int | None]:
@@ -73,10 +77,25 @@ class TaskRun:
     seconds: float = 0.0
     outcomes: dict[str, int] = field(default_factory=dict)
     strategies: list[str] = field(default_factory=list)
+    # [attempt, source, flags] each time the incumbent changed (attempt 0: the naive kernel every run starts from)
+    kept: list[list[Any]] = field(default_factory=list)
+    verdicts: dict[str, int] = field(default_factory=dict)  # suspect, noisy and timing_unverified profiles
+    # The incumbent's speedup after each attempt as the judge re-profiled it (judge.py): what metrics read
+    judged: list[float] = field(default_factory=list)
 
     @property
     def solved(self) -> bool:
         return self.first_correct is not None
+
+    @property
+    def curve(self) -> list[float]:
+        """The incumbent's speedup after each attempt: re-profiled by the judge when it ran (every arm's kernels
+        in one interleaved pass), else as the agent measured it in its own run."""
+        return self.judged or self.best_by_attempt
+
+    @property
+    def final(self) -> float:
+        return self.curve[-1] if self.curve else 1.0
 
 
 def evidence(items: list[dict[str, Any]], family: str, task_id: str, hardware: str | None = None,
@@ -111,7 +130,7 @@ def order(policy: str, items: list[dict[str, Any]] | None, family: str, task_id:
     """Strategies to try next, best first."""
     untried = [s for s in CHOICES if s not in tried]
     rng.shuffle(untried)  # the seeded tie-break (and the whole order for `none`)
-    if policy in ("static", "oracle") and ranking is not None:
+    if policy in ("static", "oracle", "aa") and ranking is not None:
         rank = {name.lower(): i for i, name in enumerate(ranking)}
         return sorted(untried, key=lambda s: rank.get(s.lower(), len(rank)))
     if policy == "none" or not items:
@@ -157,15 +176,16 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
     policy, window = parse_arm(arm)
     task = await call_tool(client, "get_task", task_id=task_id)
     run = TaskRun(task_id=task_id, family=task["family"], policy=arm, seed=seed, budget=budget)
-    rng = random.Random(f"{seed}/{arm}/{task_id}")
+    # The A/A arm breaks ties as static does: same seed, same choices, only the reading differs.
+    rng = random.Random(f"{seed}/{'static' if policy == 'aa' else arm}/{task_id}")
     transcript = Transcript(window)
     transcript.add("system", SYSTEM, pinned=True)
     transcript.add("user", f"Task {task_id} ({task['family']}): {task.get('description', '')}\n"
                    f"{task.get('baseline_source') or ''}", pinned=True)
-    if policy in ("static", "oracle") and ranking is not None:
+    if policy in ("static", "oracle", "aa") and ranking is not None:
         # Read once: the order itself is what the agent keeps.
-        transcript.add("user", "Strategies in the order that paid off most "
-                       + ("during the warm-up: " if policy == "static" else "on this task: ") + "; ".join(ranking))
+        where = "during the warm-up: " if policy in ("static", "aa") else "on this task: "
+        transcript.add("user", "Strategies in the order that paid off most " + where + "; ".join(ranking))
         run.context_tokens += transcript.messages[-1].tokens
     incumbent = Kernel(task["baseline_source"] or "", ())
     # The naive kernel is compiled first (not an attempt: it is where every task starts) so that candidates name
@@ -177,6 +197,7 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
         root = await call_tool(client, "compile_kernel", task_id=task_id, source=incumbent.source,
                            strategy="naive baseline", agent="scripted")
         incumbent_id, session_id = root["kernel_id"], root["session_id"]
+        run.kept.append([0, incumbent.source, list(incumbent.flags)])
     tried: set[str] = set()
     pending: tuple[str, Kernel, str] | None = None  # a fix to apply to the candidate that failed, and its id
     while run.attempts < budget:
@@ -185,9 +206,9 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
             (name, base, parent_id), pending = pending, None
         else:
             items: list[dict[str, Any]] | None = None
-            if policy in ("passive", "active"):
+            if policy in ("passive", "active", "aa"):
                 before = transcript.tokens + transcript.dropped_tokens
-                await _read_memory(client, policy, task_id, session_id, transcript)
+                await _read_memory(client, "passive" if policy == "aa" else policy, task_id, session_id, transcript)
                 run.context_tokens += transcript.tokens + transcript.dropped_tokens - before
                 items = transcript.visible_items()
                 run.items_seen.append(len(items))
@@ -205,7 +226,8 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
         run.strategies.append(name)
         run.load.append(round(os.getloadavg()[0], 2))
         outcome, kernel_id, session_id, speedup = await attempt(client, task_id, candidate, name, session_id,
-                                                                  parent_id, run.best_speedup, transcript)
+                                                                  parent_id, run.best_speedup, transcript,
+                                                                  run.verdicts)
         if run.hardware is None:
             run.hardware = transcript.hardware
         run.outcomes[outcome] = run.outcomes.get(outcome, 0) + 1
@@ -215,6 +237,7 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
             run.first_correct = run.attempts
         if outcome == "faster" and speedup is not None and speedup > run.best_speedup:
             run.best_speedup, incumbent, incumbent_id = speedup, candidate, kernel_id
+            run.kept.append([run.attempts, candidate.source, list(candidate.flags)])
         run.best_by_attempt.append(run.best_speedup)
         await _record(client, kernel_id, name, task_id, outcome, speedup, strategy.rationale)
     run.seconds = time.monotonic() - started
@@ -223,8 +246,8 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
 
 
 async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, session_id: str | None,
-                   parent_id: str | None, incumbent_speedup: float,
-                   transcript: Transcript | None = None) -> tuple[str, str, str, float | None]:
+                   parent_id: str | None, incumbent_speedup: float, transcript: Transcript | None = None,
+                   verdicts: dict[str, int] | None = None) -> tuple[str, str, str, float | None]:
     """compile -> test -> profile; "faster" means measurably faster than the incumbent (the lower end of the
     speedup's 95% CI above the incumbent's speedup), "correct" means passed but not better."""
     args: dict[str, Any] = {"task_id": task_id, "source": kernel.source, "strategy": strategy,
@@ -251,6 +274,12 @@ async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, s
     profile = said(await call_tool(client, "profile_kernel", kernel_id=kernel_id, time_reference=False))
     if transcript is not None:
         transcript.hardware = (profile.get("hardware") or {}).get("key")
+    if verdicts is not None:
+        for flag in ("suspect", "noisy"):
+            if profile.get(flag):
+                verdicts[flag] = verdicts.get(flag, 0) + 1
+        if profile.get("failure") == "timing_unverified":
+            verdicts["timing_unverified"] = verdicts.get("timing_unverified", 0) + 1
     if profile.get("failure") == "timing_unverified":
         return "correct", kernel_id, session_id, None  # nothing measured that can be trusted
     if profile.get("failure"):

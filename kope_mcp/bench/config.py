@@ -36,6 +36,7 @@ class BenchConfig:
     one_core_warmup: bool = False  # also warm up pinned to one core and import that (a distinct `1c` hardware key)
     memory_sizes: tuple[int, ...] = ()  # attempts kept of the warmed memory, oldest first; () = all of it
     catalogue_repeats: int = 3  # profiles of each contender for a task's best in the catalogue (median kept)
+    judge_rounds: int = 3  # re-profiles of every arm's incumbents after each task (judge.py); 0: off
     # task -> bytes its profiling size moves: when given, each family's held-out tasks are taken smallest first
     # (the seeded order breaks ties), so the full run fits its time; empty: the seeded order alone
     footprints: Mapping[str, float] = field(default_factory=dict)

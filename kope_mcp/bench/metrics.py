@@ -1,8 +1,11 @@
-"""Metrics that can move, paired per (task, seed), with bootstrap confidence intervals.
+"""Metrics that can move, paired per (task, seed), with bootstrap confidence intervals, sign-flip p-values,
+Holm's correction and the minimum detectable difference (docs/ablation.md pre-registers which is which).
 
-The headline is attempts until the best kernel so far is within 90% of the best known speedup for the task
-(fewer is better; a run that never gets there counts budget + 1). "Best known" is the best any arm reached on
-that task in this run (every arm, every seed), so it is a floor on the truly best, the same floor for all arms.
+Every metric reads a run's ``curve``: its incumbent's speedup after each attempt as the judge re-profiled it
+(judge.py). The primary metric is the area under the log of that curve (continuous, higher is better); the
+secondary is attempts until the incumbent is within 90% of the best known speedup (fewer is better; a run that
+never gets there counts budget + 1). "Best known" is the best judged incumbent of any arm on that task (every
+arm, every seed) or the catalogue's, whichever is higher: the same floor for all arms.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import random
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from kope_mcp.bench.agent import TaskRun
 
@@ -22,12 +26,12 @@ BOOTSTRAP_ROUNDS = 2000
 def best_known(runs: Iterable[TaskRun]) -> dict[str, float]:
     best: dict[str, float] = {}
     for run in runs:
-        best[run.task_id] = max(best.get(run.task_id, 1.0), run.best_speedup)
+        best[run.task_id] = max(best.get(run.task_id, 1.0), max(run.curve, default=1.0))
     return best
 
 
 def attempts_to_near_best(run: TaskRun, best: float) -> int:
-    for k, value in enumerate(run.best_by_attempt, 1):
+    for k, value in enumerate(run.curve, 1):
         if value >= NEAR_BEST * best:
             return k
     return run.budget + 1
@@ -42,8 +46,9 @@ def failed_attempts(run: TaskRun) -> int:
 
 
 def area_under_best(run: TaskRun) -> float:
-    """Mean log best-so-far speedup over the budget (a run that stopped early carries its best on)."""
-    points = run.best_by_attempt or [1.0]
+    """Mean log incumbent speedup over the budget (a run that stopped early carries its last on): the primary
+    metric."""
+    points = run.curve or [1.0]
     padded = points + [points[-1]] * (run.budget - len(points))
     return statistics.fmean(math.log(max(v, 1e-9)) for v in padded[:run.budget])
 
@@ -74,12 +79,63 @@ class Paired:
 
 def paired(by_arm: dict[str, list[TaskRun]], a: str, b: str, metric: Callable[[TaskRun], float],
            seed: int = 0) -> Paired:
-    runs_b = {(r.task_id, r.seed): r for r in by_arm.get(b, [])}
-    diffs = [metric(r) - metric(runs_b[(r.task_id, r.seed)]) for r in by_arm.get(a, [])
-             if (r.task_id, r.seed) in runs_b]
+    diffs = paired_differences(by_arm, a, b, metric)
     if not diffs:
         return Paired(a, b, float("nan"), float("nan"), float("nan"), 0)
     rng = random.Random(seed)
     means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(BOOTSTRAP_ROUNDS))
     return Paired(a, b, statistics.fmean(diffs), means[int(0.025 * BOOTSTRAP_ROUNDS)],
                   means[int(0.975 * BOOTSTRAP_ROUNDS) - 1], len(diffs))
+
+
+def paired_differences(by_arm: dict[str, list[TaskRun]], a: str, b: str,
+                       metric: Callable[[TaskRun], float]) -> list[float]:
+    runs_b = {(r.task_id, r.seed): r for r in by_arm.get(b, [])}
+    return [metric(r) - metric(runs_b[(r.task_id, r.seed)]) for r in by_arm.get(a, [])
+            if (r.task_id, r.seed) in runs_b]
+
+
+def sign_flip_p(diffs: list[float], seed: int = 0, rounds: int = 20_000) -> float:
+    """Two-sided p-value of the paired differences' mean under the null of symmetry around 0 (each sign
+    flipped at random; exact enumeration up to 16 pairs). No normality assumed."""
+    n = len(diffs)
+    if n == 0:
+        return float("nan")
+    observed = abs(statistics.fmean(diffs))
+    if n <= 16:
+        extreme = sum(abs(sum(d if mask >> i & 1 else -d for i, d in enumerate(diffs)) / n) >= observed - 1e-12
+                      for mask in range(2 ** n))
+        return extreme / 2 ** n
+    rng = random.Random(seed)
+    extreme = sum(abs(statistics.fmean(d if rng.random() < 0.5 else -d for d in diffs)) >= observed - 1e-12
+                  for _ in range(rounds))
+    return (extreme + 1) / (rounds + 1)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (same order as given; NaN stays NaN)."""
+    indexed = sorted((p, i) for i, p in enumerate(pvalues) if not math.isnan(p))
+    m = len(indexed)
+    adjusted = [float("nan")] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(indexed):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def minimum_detectable(sd: float, pairs: int, comparisons: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true mean paired difference a two-sided test at Holm's strictest level (alpha / m) detects
+    with the given power, for paired differences of standard deviation `sd` (normal approximation)."""
+    if pairs < 2 or math.isnan(sd):
+        return float("inf")
+    z = NormalDist()
+    return (z.inv_cdf(1 - alpha / (2 * max(1, comparisons))) + z.inv_cdf(power)) * sd / math.sqrt(pairs)
+
+
+def pairs_needed(sd: float, difference: float, comparisons: int, alpha: float = 0.05, power: float = 0.8) -> int:
+    """Pairs needed to detect `difference` (same approximation as :func:`minimum_detectable`)."""
+    if difference <= 0 or math.isnan(sd):
+        return 0
+    z = NormalDist()
+    return math.ceil(((z.inv_cdf(1 - alpha / (2 * max(1, comparisons))) + z.inv_cdf(power)) * sd / difference) ** 2)

@@ -29,6 +29,7 @@ from mcp.types import Implementation
 from kope_mcp.bench.agent import TaskRun, parse_arm, run_task, static_order
 from kope_mcp.bench.catalogue import Catalogue, oracle_order
 from kope_mcp.bench.config import BenchConfig, Progress, SeedResult, one_core_warmup_tasks, plan, server_params
+from kope_mcp.bench.judge import judge_task
 from kope_mcp.bench.memories import attempts_in, kope_memory, truncate_export
 
 MEMORYLESS = ("none", "oracle")
@@ -143,17 +144,26 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
                             ignore=shutil.ignore_patterns("daemon", "memory-export.jsonl", "refcache"))
             clients[arm] = await stack.enter_async_context(
                 Client(server_params(home, config), client_info=Implementation(name=f"bench-{arm}", version="1")))
+        judge = await stack.enter_async_context(
+            Client(server_params(arms_root / "judge", config), client_info=Implementation(name="bench-judge",
+                                                                                          version="1")))
         for i, task_id in enumerate(held):
             rotated = arms[i % len(arms):] + arms[:i % len(arms)]
             for arm in rotated:
                 label = f"seed {seed} {arm}" + (f" [{size}]" if size != "all" else "")
                 progress.started(label, task_id)
                 policy, _ = parse_arm(arm)
-                ranking = static if policy == "static" else \
+                ranking = static if policy in ("static", "aa") else \
                     oracle_order(catalogue, task_id) if policy == "oracle" and catalogue is not None else None
                 run = await run_task(clients[arm], task_id, arm, config.budget, seed, ranking)
                 runs[arm].append(run)
                 progress.finished(_line(label, i + 1, len(held), run))
+            if config.judge_rounds:
+                progress.started(f"seed {seed} judge", task_id)
+                judged = await judge_task(judge, task_id, [runs[arm][-1] for arm in arms], config.judge_rounds)
+                progress.note(f"seed {seed} judge {task_id}: {len(judged.speedups)} kernels re-profiled "
+                              f"{config.judge_rounds}x interleaved" + (f", {len(judged.failed)} failed every time"
+                                                                        if judged.failed else ""))
     return runs
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kope_mcp.bench.agent import TaskRun, arms
+from kope_mcp.bench.analysis import aa_control, design_and_power, near_best, primary, verdict_counts
 from kope_mcp.bench.config import SeedResult
 from kope_mcp.bench.metrics import (
     area_under_best,
@@ -23,7 +24,7 @@ from kope_mcp.bench.metrics import (
 
 @dataclass
 class PolicyFigures:
-    pass_rate: float
+    pass_rate: float  # correct at the first attempt (every arm ends with a correct kernel: the naive one)
     geomean_speedup: float  # over the tasks every policy solved in this seed (the paper's intersection)
     attempts_to_correct: float
     context_tokens: int
@@ -42,13 +43,13 @@ def seed_figures(result: SeedResult) -> tuple[dict[str, PolicyFigures], float, i
     for policy, runs in result.runs.items():
         firsts = [r.first_correct for r in runs if r.first_correct is not None]
         figures[policy] = PolicyFigures(
-            pass_rate=sum(r.solved for r in runs) / len(runs) if runs else float("nan"),
-            geomean_speedup=geomean([r.best_speedup for r in runs if r.task_id in common]),
+            pass_rate=statistics.fmean(map(first_attempt_correct, runs)) if runs else float("nan"),
+            geomean_speedup=geomean([r.final for r in runs if r.task_id in common]),
             attempts_to_correct=statistics.fmean(firsts) if firsts else float("nan"),
             context_tokens=sum(r.context_tokens for r in runs),
             seconds=sum(r.seconds for r in runs),
         )
-    by_task = {p: {r.task_id: r.best_speedup for r in runs} for p, runs in result.runs.items()}
+    by_task = {p: {r.task_id: r.final for r in runs} for p, runs in result.runs.items()}
     active = [arm for arm in by_task if arm.startswith("active")]
     # The widest window's active arm: the one least limited by the reader.
     arm = active[-1] if active else None
@@ -68,11 +69,10 @@ def _spread(values: list[float], fmt: str) -> str:
 
 
 def curve(runs: list[TaskRun], budget: int) -> list[float]:
-    """Geometric mean over tasks of the best speedup so far after each attempt (a finished run carries on)."""
+    """Geometric mean over tasks of the judged incumbent's speedup after each attempt (a finished run carries on)."""
     points = []
     for k in range(budget):
-        values = [(r.best_by_attempt[min(k, len(r.best_by_attempt) - 1)] if r.best_by_attempt else 1.0)
-                  for r in runs]
+        values = [(r.curve[min(k, len(r.curve) - 1)] if r.curve else 1.0) for r in runs]
         points.append(geomean(values))
     return points
 
@@ -98,8 +98,8 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float,
              f"{statistics.median(load) if load else 0:.2f}, max {max(load, default=0):.2f}.", "",
              *headline(results, budget, policies, catalogue_best or {}), "",
              "## Speedups and tokens", "", "Mean ± standard deviation over seeds (min-max).", "",
-             "| arm | pass rate | geomean speedup (intersection) | attempts to first correct | "
-             "context tokens read (total, real) | agent time (s) |", "| --- | --- | --- | --- | --- | --- |"]
+             "| arm | correct at first attempt | geomean final speedup (judged, intersection) | attempts to first "
+             "correct | context tokens read (total, real) | agent time (s) |", "| --- | --- | --- | --- | --- | --- |"]
     for policy in policies:
         figs = [f[0][policy] for f in per_seed if policy in f[0]]
         lines.append(f"| {policy} | {_spread([f.pass_rate for f in figs], '.0%')} | "
@@ -111,7 +111,7 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float,
     sizes = [n for _, _, n in per_seed]
     lines += ["", f"Memory-on (active, widest window) vs memory-off (none), paired per task on the intersection "
               f"({_spread([float(n) for n in sizes], '.0f')} tasks): geomean ratio {_spread(paired_ratio, '.3f')}.",
-              "", "Best speedup so far vs attempt number (geomean over held-out tasks, first seed):", "",
+              "", "Judged incumbent speedup vs attempt number (geomean over held-out tasks, first seed):", "",
               "| attempt | " + " | ".join(policies) + " |", "| --- |" + " --- |" * len(policies)]
     curves = {p: curve(results[0].runs.get(p, []), budget) for p in policies}
     for k in range(budget):
@@ -145,13 +145,17 @@ def headline(results: list[SeedResult], budget: int, policies: tuple[str, ...],
     the best known (budgets 3 and full), reach@3, failures, area under best-so-far, first-attempt correct and
     real tokens; then, per window, active against passive, static, oracle and none, paired, with CIs."""
     best = _best(results, catalogue_best)
+    by_arm = _by_arm(results)
 
     def to90(cap: int) -> Callable[[TaskRun], float]:
-        return lambda r: float(min(attempts_to_near_best(r, best[r.task_id]), cap + 1))
+        return near_best(best, cap)
 
-    lines = ["## Attempts until within 90% of the best known speedup (fewer is better)", "",
-             "Best known per task: the measured catalogue's median best or the best any arm reached, whichever is "
-             "higher. A run that never got there counts budget + 1. Paired per (task, seed); 95% bootstrap CIs.", ""]
+    lines = [*design_and_power(by_arm, policies, to90(budget)), "", *primary(by_arm, policies), "",
+             *aa_control(by_arm, policies, to90(budget)), "",
+             "## Secondary: attempts until within 90% of the best known speedup (fewer is better)", "",
+             "Best known per task: the measured catalogue's median best or the best judged incumbent of any arm, "
+             "whichever is higher. A run that never got there counts budget + 1. Paired per (task, seed); 95% "
+             "bootstrap CIs, not corrected (exploratory).", ""]
     sizes = list(results[0].sized_runs) if results and results[0].sized_runs else []
     if len(sizes) > 1:
         attempts = {size: statistics.fmean(r.memory_attempts.get(size, 0) for r in results) for size in sizes}
@@ -165,10 +169,9 @@ def headline(results: list[SeedResult], budget: int, policies: tuple[str, ...],
                      for a in policies]
             lines.append(f"| {size} ({attempts[size]:,.0f}) | " + " | ".join(cells) + " |")
         lines.append("")
-    by_arm = _by_arm(results)
     lines += ["| arm | attempts to 90% (budget 3) | attempts to 90% (budget " f"{budget}) | reach@3 | failed "
-              "attempts / task | area under best-so-far (log) | correct at first attempt | real tokens read / task | "
-              "peak transcript tokens |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "attempts / task | area under the judged curve (log) | correct at first attempt | real tokens read / "
+              "task | peak transcript tokens |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm in policies:
         runs = by_arm.get(arm, [])
         if not runs:
@@ -196,12 +199,13 @@ def headline(results: list[SeedResult], budget: int, policies: tuple[str, ...],
                          f"{cmp.pairs} | {cmp.verdict()} {other} |")
             verdicts.setdefault(window, []).append(f"{cmp.verdict()} {other}")
     lines += ["", "In words (a CI that contains 0 is a tie): " + "; ".join(
-        f"at {w}, active {', '.join(v)}" for w, v in verdicts.items()) + "."]
+        f"at {w}, active {', '.join(v)}" for w, v in verdicts.items()) + ".", "", *verdict_counts(by_arm, policies)]
     return lines
 
 
 def plots(results: list[SeedResult], budget: int, out: Path, policies: tuple[str, ...] = arms()) -> list[Path]:
-    """pass_rate.png, speedup.png (mean with the seeds' standard deviation) and curve.png."""
+    """first_correct.png, speedup.png (mean with the seeds' standard deviation) and curve.png; one colour per
+    arm, the same in every figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,8 +213,9 @@ def plots(results: list[SeedResult], budget: int, out: Path, policies: tuple[str
 
     per_seed = [seed_figures(r)[0] for r in results]
     written = []
-    for name, attr, label in (("pass_rate", "pass_rate", "pass rate"),
-                              ("speedup", "geomean_speedup", "geomean speedup (intersection)")):
+    colours = arm_colours(policies)
+    for name, attr, label in (("first_correct", "pass_rate", "correct at the first attempt"),
+                              ("speedup", "geomean_speedup", "geomean final speedup (judged)")):
         means, errs = [], []
         for policy in policies:
             values = [getattr(f[policy], attr) for f in per_seed if policy in f]
@@ -218,7 +223,7 @@ def plots(results: list[SeedResult], budget: int, out: Path, policies: tuple[str
             means.append(statistics.fmean(values))
             errs.append(statistics.stdev(values) if len(values) > 1 else 0.0)
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.bar(policies, means, yerr=errs, capsize=6)
+        ax.bar(policies, means, yerr=errs, capsize=6, color=[colours[p] for p in policies])
         ax.tick_params(axis="x", labelrotation=45)
         ax.set_ylabel(label)
         ax.set_title(f"{label} per policy ({len(results)} seed(s))")
@@ -235,16 +240,24 @@ def plots(results: list[SeedResult], budget: int, out: Path, policies: tuple[str
     for policy in policies:
         series = [curve(r.runs.get(policy, []), budget) for r in results]
         mean = [statistics.fmean(s[k] for s in series) for k in range(budget)]
-        ax.plot(range(1, budget + 1), mean, marker="o", label=policy)
+        ax.plot(range(1, budget + 1), mean, marker="o", label=policy, color=colours[policy])
     ax.set_xlabel("attempt")
-    ax.set_ylabel("best speedup so far (geomean)")
-    ax.legend()
+    ax.set_ylabel("judged incumbent speedup (geomean)")
+    ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     path = out / "curve.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     written.append(path)
     return written
+
+
+def arm_colours(policies: tuple[str, ...]) -> dict[str, tuple[float, float, float, float]]:
+    """A distinct colour per arm (tab20 has 20; more arms than that cycle)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    return {arm: cmap(i % 20) for i, arm in enumerate(policies)}
 
 
 def _memory_curve(results: list[SeedResult], budget: int, out: Path, policies: tuple[str, ...],
@@ -265,7 +278,7 @@ def _memory_curve(results: list[SeedResult], budget: int, out: Path, policies: t
                 runs = _by_arm(results, size).get(arm, [])
                 ys.append(statistics.fmean(min(attempts_to_near_best(r, best[r.task_id]), budget + 1)
                                            for r in runs) if runs else float("nan"))
-            ax.plot(xs, ys, marker="o", label=arm.partition("@")[0])
+            ax.plot(xs, ys, marker="o", label=arm.partition("@")[0], color=arm_colours(policies)[arm])
         ax.set_xscale("log")
         ax.set_title(f"window {window}" if window else "")
         ax.set_xlabel("attempts in the memory")

@@ -231,16 +231,23 @@ class ExperienceService:
         """Every measured or failed attempt and every lesson, oldest first, one line each: the whole memory as
         an agent that keeps its own transcript would paste it (the baseline active selection is measured
         against), with the data behind each line."""
-        lines: list[tuple[str, Candidate]] = []
-        for rec in sorted(self.memory.all_attempts(), key=lambda r: r.created_at):
+        # Chronological, each lesson right after the attempt it is about: what a transcript of the work would
+        # hold, so what a window's truncation keeps is the most recent work (attempts first and lessons after
+        # made a bounded reader keep only lessons, whatever their age).
+        keyed: list[tuple[tuple[str, int, str], str, Candidate]] = []
+        attempt_times: dict[str, str] = {}
+        for rec in self.memory.all_attempts():
+            attempt_times[rec.kernel_id] = rec.created_at
             kind: Kind = "case" if rec.speedup is not None else "pitfall"
             if rec.speedup is None and rec.ok and rec.correct is not False:
                 continue  # compiled, never measured: nothing learned yet
             cand = Candidate(kind=kind, item_id=rec.kernel_id, attempt=rec)
-            lines.append((render_item(cand, None), cand))
-        for lesson in sorted(self.memory.all_lessons(), key=lambda x: x.created_at):
+            keyed.append(((rec.created_at, 0, rec.kernel_id), render_item(cand, None), cand))
+        for lesson in self.memory.all_lessons():
             cand = Candidate(kind="lesson", item_id=lesson.lesson_id, lesson=lesson)
-            lines.append((render_item(cand, None), cand))
+            when = attempt_times.get(lesson.attempt_id or "", lesson.created_at)
+            keyed.append(((when, 1, lesson.created_at + lesson.lesson_id), render_item(cand, None), cand))
+        lines = [(line, cand) for _, line, cand in sorted(keyed, key=lambda entry: entry[0])]
         text = "# Every recorded attempt and lesson, oldest first"
         items: list[ContextItem] = []
         for line, cand in lines:

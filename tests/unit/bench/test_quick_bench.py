@@ -16,12 +16,14 @@ def test_a_tiny_run_writes_the_report_the_plots_and_per_arm_results_at_two_memor
                          profile_s=0.1, windows=(8_000,), memory_sizes=(2,), catalogue_repeats=1)
     report = anyio.run(run_bench, config)
     text = report.read_text()
-    for arm in ("none", "static", "oracle", "passive@8k", "active@8k"):
+    for arm in ("none", "static", "oracle", "aa@8k", "passive@8k", "active@8k"):
         assert f"| {arm} |" in text
-    assert "| 8k | passive@8k |" in text and "Attempts until within 90% of the best known" in text
+    assert text.index("## Design and power") < text.index("## Primary") < text.index("## Secondary")
+    assert "## A/A control" in text and "## Verdicts met per arm" in text
+    assert "| 8k | passive@8k |" in text and "attempts until within 90% of the best known" in text
     assert "| 2 (2) |" in text and "Against memory size" in text  # the curve's row for the cut memory
     assert "| reduction (7) |" in text  # the per-family catalogue, over the family's naive kernels
-    assert {p.name for p in config.out.glob("*.png")} >= {"pass_rate.png", "speedup.png", "curve.png"}
+    assert {p.name for p in config.out.glob("*.png")} >= {"first_correct.png", "speedup.png", "curve.png"}
     (seed,) = json.loads((config.out / "results.json").read_text())
     assert len(seed["held_out"]) == 1 and len(seed["warmup"]) == 1
     assert seed["memory_attempts"]["2"] == 2 < seed["memory_attempts"]["all"]
@@ -30,6 +32,10 @@ def test_a_tiny_run_writes_the_report_the_plots_and_per_arm_results_at_two_memor
     assert runs["active@8k"]["context_tokens"] > 0 and runs["passive@8k"]["context_tokens"] > 0
     assert runs["active@8k"]["peak_tokens"] <= 8_000 and runs["active@8k"]["items_seen"]
     assert all(0 < r["attempts"] <= 3 and len(r["best_by_attempt"]) == r["attempts"] for r in runs.values())
+    # Every arm's incumbents were re-profiled by the judge: a judged curve as long as the run, from its kernels.
+    assert all(len(r["judged"]) == r["attempts"] and r["kept"][0][0] == 0 for r in runs.values())
+    assert runs["aa@8k"]["strategies"] == runs["static"]["strategies"] or runs["aa@8k"]["outcomes"] != \
+        runs["static"]["outcomes"]  # A/A: static's choices, unless an outcome differed on the way
     assert all(len(r["load"]) == r["attempts"] for r in runs.values())
     catalogue = json.loads((config.out / "catalogue.json").read_text())
     assert set(catalogue) == set(seed["held_out"]) and catalogue[seed["held_out"][0]]

@@ -185,6 +185,23 @@ def test_the_history_lists_every_outcome_oldest_first_with_its_data_and_span(wor
     assert by_id[ids["broken"]].label == "compile_error" and by_id[ids["fast"]].speedup
 
 
+def test_the_history_is_chronological_with_each_lesson_right_after_its_attempt(world, workbench):
+    ids, service = world
+    history = service.history()
+    order = [i.id for i in history.items]
+    lessons = {i.id: i for i in history.items if i.kind == "lesson"}
+    about_fast = [lid for lid in lessons if workbench.store.lesson(lid).attempt_id == ids["fast"]]
+    assert about_fast, "the fixture records a lesson about the fast kernel"
+    # Each lesson about an attempt comes after that attempt and before the next attempt made after it.
+    position = order.index(ids["fast"])
+    following = order[position + 1:]
+    next_attempt = next((i for i in following if i not in lessons), None)
+    block = following[:following.index(next_attempt)] if next_attempt else following
+    assert set(about_fast) <= set(block)
+    times = [workbench.store.attempt(i).created_at for i in order if i not in lessons]
+    assert times == sorted(times)
+
+
 def test_a_budget_below_the_hot_tier_returns_it_truncated_with_a_warning(world):
     ids, service = world
     answer = service.query_experience("faster sum", session_id=ids["session"], token_budget=10)
