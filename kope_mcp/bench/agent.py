@@ -9,7 +9,9 @@ Arms differ only in what the agent reads before choosing:
   its entire history into its own context;
 - ``active@W``: query_experience with a token budget (active context selection);
 - ``aa@W``: the A/A control: passive's reads through the same window, static's choices (and static's seeded
-  tie-breaks), so it must tie ``static``: a difference is bias of the protocol between arms, not memory.
+  tie-breaks), so it must tie ``static``: a difference is bias of the protocol between arms, not memory;
+- ``shuffled@W``: the sensitivity arm of passive: the same history with its lines in a seeded random order, so
+  what the window's truncation keeps no longer depends on when things happened.
 The agent keeps a chat transcript bounded to W tokens (transcript.py: its task, what it read, the kernels it
 wrote and the tools' answers) and acts only on the memory items still inside it, reading their data fields
 (strategy, label, step ratio, task, family, hardware), never the markdown. ``passive`` and ``active`` are read
@@ -39,7 +41,7 @@ BROKEN_LABELS = ("compile_error", "incorrect")
 def arms(windows: tuple[int, ...] = WINDOWS) -> tuple[str, ...]:
     """The bench's arms: the controls, the A/A control at the widest window, then each memory policy at each
     pre-registered window."""
-    return ("none", "static", "oracle", f"aa@{max(windows) // 1000}k",
+    return ("none", "static", "oracle", f"aa@{max(windows) // 1000}k", f"shuffled@{min(windows) // 1000}k",
             *(f"{p}@{w // 1000}k" for w in windows for p in ("passive", "active")))
 
 
@@ -152,13 +154,32 @@ async def call_tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
     return result.structured_content
 
 
+def shuffled_history(history: dict[str, Any], rng: random.Random) -> tuple[str, list[dict[str, Any]]]:
+    """The history's lines in a random order, each item's span moved with its line."""
+    context: str = history["context"]
+    items = list(history["items"])
+    rng.shuffle(items)
+    text = context.split("\n", 1)[0] + " (shuffled)"
+    moved = []
+    for item in items:
+        line = context[item["span"][0]:item["span"][1]]
+        text += "\n"
+        moved.append({**item, "span": (len(text), len(text) + len(line))})
+        text += line
+    return text + "\n", moved
+
+
 async def _read_memory(client: Client, policy: str, task_id: str, session_id: str | None,
-                       transcript: Transcript) -> None:
+                       transcript: Transcript, rng: random.Random | None = None) -> None:
     """Put what the policy reads into the transcript (with its items); the window does the rest."""
-    if policy == "passive":
+    if policy in ("passive", "shuffled"):
         raw = "".join(getattr(c, "text", "") for c in
                       (await client.read_resource("kope://memory/history.json")).contents)
         history = json.loads(raw)
+        if policy == "shuffled":
+            text, items = shuffled_history(history, rng or random.Random(0))
+            transcript.add("user", text, items=items)
+            return
         transcript.add("user", history["context"], items=[i for i in history["items"]])
         return
     args: dict[str, Any] = {"query": f"what makes {task_id} faster and what breaks it", "task_id": task_id,
@@ -206,9 +227,10 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
             (name, base, parent_id), pending = pending, None
         else:
             items: list[dict[str, Any]] | None = None
-            if policy in ("passive", "active", "aa"):
+            if policy in ("passive", "active", "aa", "shuffled"):
                 before = transcript.tokens + transcript.dropped_tokens
-                await _read_memory(client, "passive" if policy == "aa" else policy, task_id, session_id, transcript)
+                await _read_memory(client, "passive" if policy == "aa" else policy, task_id, session_id, transcript,
+                                   random.Random(f"{seed}/shuffle/{task_id}/{run.attempts}"))
                 run.context_tokens += transcript.tokens + transcript.dropped_tokens - before
                 items = transcript.visible_items()
                 run.items_seen.append(len(items))

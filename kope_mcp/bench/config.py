@@ -34,7 +34,8 @@ class BenchConfig:
     warm_budget: int | None = None  # attempts per task in the warm-up (None: `budget`; 14 tries every strategy)
     imports: tuple[Path, ...] = ()  # kope-memory exports added to the warmed memory (other hardware's experience)
     one_core_warmup: bool = False  # also warm up pinned to one core and import that (a distinct `1c` hardware key)
-    memory_sizes: tuple[int, ...] = ()  # attempts kept of the warmed memory, oldest first; () = all of it
+    memory_sizes: tuple[int, ...] = ()  # attempts kept of the warmed memory (a seeded family-stratified sample)
+    sized_windows: tuple[int, ...] | None = None  # windows whose arms also run at the cut sizes (None: all)
     catalogue_repeats: int = 3  # profiles of each contender for a task's best in the catalogue (median kept)
     judge_rounds: int = 3  # re-profiles of every arm's incumbents after each task (judge.py); 0: off
     # task -> bytes its profiling size moves: when given, each family's held-out tasks are taken smallest first
@@ -46,6 +47,14 @@ class BenchConfig:
     @property
     def arms(self) -> tuple[str, ...]:
         return arms(self.windows)
+
+    def arms_at(self, size: str) -> tuple[str, ...]:
+        """The arms run from a memory of this size: every one on the whole memory; on a cut memory, static and
+        the memory policies at `sized_windows` (the curve against memory size)."""
+        if size == "all" or self.sized_windows is None:
+            return self.arms
+        kept = {f"{p}@{w // 1000}k" for w in self.sized_windows for p in ("passive", "active")}
+        return tuple(a for a in self.arms if a == "static" or a in kept)
 
 
 @dataclass
@@ -89,6 +98,9 @@ def plan(config: BenchConfig, tasks: Mapping[str, str], seed: int) -> tuple[list
     warm, held = split(tasks, seed, config.per_family)
     if config.warm_per_family is not None:
         warm = first_per_family(warm, tasks, config.warm_per_family)
+    # The warm-up's order across families is shuffled too: a memory filled family by family would give its
+    # oldest part (what a truncating reader loses first) to the first families alone.
+    random.Random(f"warm-order/{seed}").shuffle(warm)
     if config.held_per_family is not None:
         per_family: dict[str, list[str]] = {}
         for task_id in held:

@@ -30,7 +30,7 @@ from kope_mcp.bench.agent import TaskRun, parse_arm, run_task, static_order
 from kope_mcp.bench.catalogue import Catalogue, oracle_order
 from kope_mcp.bench.config import BenchConfig, Progress, SeedResult, one_core_warmup_tasks, plan, server_params
 from kope_mcp.bench.judge import judge_task
-from kope_mcp.bench.memories import attempts_in, kope_memory, truncate_export
+from kope_mcp.bench.memories import attempts_in, kope_memory, subsample_export
 
 MEMORYLESS = ("none", "oracle")
 
@@ -90,14 +90,14 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
     await warm_memory(config, warm, seed, warm_home, progress, one_core_warmup_tasks(config, tasks, warm))
     result.warmup_seconds = time.monotonic() - started
     result.static_order = await _static_order(warm_home, config)
-    homes = _sized_homes(config, root, warm_home)
+    homes = _sized_homes(config, root, warm_home, seed)
     result.sized_runs = {size: {} for size, _ in homes}  # smallest first, whatever order they run in
     memoryless: dict[str, list[TaskRun]] = {}
     for n, (size, home) in enumerate(reversed(homes)):
         result.memory_attempts[size] = attempts_in(home / "memory-export.jsonl")
         progress.note(f"seed {seed}: memory '{size}' holds {result.memory_attempts[size]} attempts")
         # `none` and `oracle` read no memory: they run once, on the largest, and count for every size.
-        arms = [a for a in config.arms if n == 0 or a not in MEMORYLESS]
+        arms = [a for a in config.arms_at(size) if n == 0 or a not in MEMORYLESS]
         # The static order is the global order of the memory the arms start from, whatever its size.
         static = result.static_order if size == "all" else await _static_order(home, config)
         result.sized_runs[size] = await _interleaved(config, home, root / f"arms-{size}", held, seed, progress,
@@ -113,7 +113,7 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
     return result
 
 
-def _sized_homes(config: BenchConfig, root: Path, warm_home: Path) -> list[tuple[str, Path]]:
+def _sized_homes(config: BenchConfig, root: Path, warm_home: Path, seed: int) -> list[tuple[str, Path]]:
     """(label, home) per memory size, smallest first; each home also holds its export (memory-export.jsonl)."""
     full = root / "memory-full.jsonl"
     kope_memory(warm_home, "export", full)
@@ -123,7 +123,7 @@ def _sized_homes(config: BenchConfig, root: Path, warm_home: Path) -> list[tuple
     for n in sizes:
         home = root / f"memory-{n}"
         home.mkdir(parents=True, exist_ok=True)
-        truncate_export(full, home / "memory-export.jsonl", n)
+        subsample_export(full, home / "memory-export.jsonl", n, seed)
         kope_memory(home, "import", home / "memory-export.jsonl")
         homes.append((str(n), home))
     shutil.copy(full, warm_home / "memory-export.jsonl")

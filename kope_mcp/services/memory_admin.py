@@ -65,6 +65,14 @@ def home_identity(home: Path) -> str:
     return path.read_text(encoding="utf-8").strip()
 
 
+def export_line(kind: str, data: dict[str, Any]) -> str:
+    """One line of an export: the record with its ``sha256``. For tools that derive an export from another (the
+    bench's sampled memories): they re-seal what they changed, as the exporting home would have written it."""
+    if kind != "header":
+        data = {**data, "sha256": _line_hash(kind, data)}
+    return json.dumps({"kind": kind, **data}, separators=(",", ":"))
+
+
 def _line_hash(kind: str, data: dict[str, Any]) -> str:
     body = json.dumps({"kind": kind, **{k: v for k, v in data.items() if k != "sha256"}}, sort_keys=True,
                       separators=(",", ":"), ensure_ascii=False)
@@ -83,9 +91,7 @@ def export_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> di
     counts = memory.counts()
     with path.open("w", encoding="utf-8") as fh:
         def write(kind: str, data: dict[str, Any]) -> None:
-            if kind != "header":
-                data = {**data, "sha256": _line_hash(kind, data)}
-            fh.write(json.dumps({"kind": kind, **data}, separators=(",", ":")) + "\n")
+            fh.write(export_line(kind, data) + "\n")
 
         write("header", {"format": FORMAT, "version": VERSION, "exported_at": now(), "counts": counts,
                          "home_id": home_id})

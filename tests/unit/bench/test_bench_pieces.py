@@ -34,8 +34,17 @@ def test_the_warm_ups_take_the_first_warm_up_tasks_of_each_family(tmp_path):
     one = one_core_warmup_tasks(BenchConfig(out=tmp_path, one_core_per_family=1), tasks, warm)
     assert one == [next(t for t in warm if t.startswith(f)) for f in ("a", "b")]
     capped, held = plan(BenchConfig(out=tmp_path, warm_per_family=2), tasks, seed=0)
-    assert capped == [t for f in ("a", "b") for t in [w for w in warm if w.startswith(f)][:2]]
+    assert sorted(capped) == sorted(t for f in ("a", "b") for t in [w for w in warm if w.startswith(f)][:2])
     assert held == split(tasks, seed=0)[1]  # capping the warm-up holds out nothing more
+
+
+def test_the_warm_up_order_mixes_families_and_depends_on_the_seed(tmp_path):
+    tasks = {f"{fam}_{i}": fam for fam in "abcdef" for i in range(6)}
+    orders = [plan(BenchConfig(out=tmp_path), tasks, seed=s)[0] for s in range(3)]
+    assert all(sorted(o) == sorted(split(tasks, seed=s)[0]) for s, o in enumerate(orders))
+    families = [t[0] for t in orders[0]]
+    assert families != sorted(families)  # not family by family
+    assert len({tuple(o) for o in orders}) == 3
 
 
 def item(kind: str, strategy: str, task: str, family: str, label: str, step: float | None = None,

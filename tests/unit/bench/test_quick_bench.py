@@ -16,7 +16,7 @@ def test_a_tiny_run_writes_the_report_the_plots_and_per_arm_results_at_two_memor
                          profile_s=0.1, windows=(8_000,), memory_sizes=(2,), catalogue_repeats=1)
     report = anyio.run(run_bench, config)
     text = report.read_text()
-    for arm in ("none", "static", "oracle", "aa@8k", "passive@8k", "active@8k"):
+    for arm in ("none", "static", "oracle", "aa@8k", "shuffled@8k", "passive@8k", "active@8k"):
         assert f"| {arm} |" in text
     assert text.index("## Design and power") < text.index("## Primary") < text.index("## Secondary")
     assert "## A/A control" in text and "## Verdicts met per arm" in text
