@@ -29,8 +29,10 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--import-memory", nargs="*", default=[], metavar="FILE",
                        help="kope-memory exports to add to the warmed memory (e.g. another machine's experience)")
     bench.add_argument("--memory-sizes", type=int, nargs="*", metavar="N",
-                       help="also run every arm from the warmed memory cut to its N oldest attempts (the curve; "
-                            "default 150)")
+                       help="also run static and the memory arms from a seeded family-stratified sample of N "
+                            "attempts of the warmed memory (the curve; default 40 80 160)")
+    bench.add_argument("--resume", metavar="DIR", help="go on with the stopped run in DIR (its own configuration; "
+                                                      "finished warm-ups and tasks are kept)")
     bench.add_argument("--report", metavar="DIR", help="only re-render DIR/report.md and its plots from "
                                                       "DIR/results.json (a stopped run keeps what it measured)")
     bench.add_argument("--agent", choices=["scripted", "llm"], default="scripted",
@@ -51,6 +53,17 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     from kope_mcp.bench.runner import BarProgress, full_config, quick_config, run_bench
 
+    if args.resume:
+        from kope_mcp.bench.config import CONFIG_FILE, load_config
+
+        if not (Path(args.resume) / CONFIG_FILE).is_file():
+            print(f"error: {args.resume} holds no {CONFIG_FILE} (give the --out folder of a kope bench run started "
+                  "by this version)", file=sys.stderr)
+            return 2
+        report = anyio.run(run_bench, load_config(Path(args.resume)), True)
+        print(report.read_text())
+        print(f"report: {report}")
+        return 0
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     config = quick_config(out) if args.quick else full_config(out)
     for name in ("seeds", "budget", "held_per_family", "one_core_warmup", "warm_passes", "warm_budget"):

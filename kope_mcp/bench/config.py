@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from mcp import StdioServerParameters
 
@@ -67,6 +68,25 @@ class SeedResult:
     warmup_seconds: float = 0.0
     static_order: list[str] = field(default_factory=list)
     memory_attempts: dict[str, int] = field(default_factory=dict)  # size label -> attempts in that memory
+
+
+CONFIG_FILE = "bench-config.json"
+
+
+def save_config(config: BenchConfig) -> None:
+    """The run's configuration next to its results: `kope bench --resume DIR` goes on with exactly it."""
+    fields = {k: (str(v) if isinstance(v, Path) else [str(p) for p in v] if k == "imports" else v)
+              for k, v in asdict(config).items() if k != "out"}
+    (config.out / CONFIG_FILE).write_text(json.dumps(fields, indent=1))
+
+
+def load_config(out: Path) -> BenchConfig:
+    """The configuration a run in `out` was started with (see :func:`save_config`)."""
+    fields: dict[str, Any] = json.loads((out / CONFIG_FILE).read_text())
+    for name, value in fields.items():
+        if isinstance(value, list):
+            fields[name] = tuple(Path(p) for p in value) if name == "imports" else tuple(value)
+    return BenchConfig(out=out, **fields)
 
 
 class Progress(Protocol):

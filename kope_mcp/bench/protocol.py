@@ -5,11 +5,13 @@ Split (documented, seeded): within each family the task ids are shuffled with th
 (rounded up) warms the memory, the rest are held out, so every family is represented on both sides. The warm-up
 runs the `none` policy (it explores in random order, so the memory holds wins and failures of every strategy),
 `warm_passes` times; exports of other hardware's experience can be imported on top (`imports`). For each memory
-size (the N oldest attempts of that memory; all of it by default) every arm starts from its own copy, so no arm
-sees another's held-out experience. Arms are interleaved per task (each task is worked by every arm, in an
-order rotated from task to task, before the next task starts), so a slow spell of the machine falls on all arms
-alike; the load average is logged with every attempt. Every agent talks to a real `kope serve` over stdio
-(owning its home, --no-daemon).
+size (a seeded family-stratified sample of N attempts of that memory; all of it by default) every arm works
+every held-out task from its own fresh copy, so no arm sees another's held-out experience, nor its own from an
+earlier held-out task: the (task, seed) pairs are independent. Arms are interleaved per task (each task is
+worked by every arm, in an order rotated from task to task, before the next task starts), so a slow spell of
+the machine falls on all arms alike; the load average is logged with every attempt. Every agent talks to a real
+`kope serve` over stdio (owning its home, --no-daemon). After each task a judge re-profiles every arm's
+incumbents in one interleaved pass (judge.py), and a stopped run resumes at the first unfinished task.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from contextlib import AsyncExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -77,21 +78,32 @@ async def warm_memory(config: BenchConfig, warm: list[str], seed: int, home: Pat
 
 
 async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, progress: Progress,
-                   catalogue: Catalogue | None = None,
-                   save: Callable[[SeedResult], None] | None = None) -> SeedResult:
-    """One seed; `save` is called with the partial result after each memory size (a long run killed midway
-    keeps what it measured)."""
+                   catalogue: Catalogue | None = None, save: Callable[[SeedResult], None] | None = None,
+                   previous: SeedResult | None = None) -> SeedResult:
+    """One seed; `save` is called with the partial result after every held-out task. With `previous` (the
+    seed's partial result of a stopped run) a finished warm-up and finished tasks are kept, and the run goes on
+    at the first task not finished by every arm."""
     warm, held = plan(config, tasks, seed)
-    result = SeedResult(seed=seed, warmup=warm, held_out=held)
     root = config.out / f"seed-{seed}"
     warm_home = root / "warm"
-    started = time.monotonic()
-    progress.note(f"seed {seed}: warming the memory on {len(warm)} tasks, {len(held)} held out")
-    await warm_memory(config, warm, seed, warm_home, progress, one_core_warmup_tasks(config, tasks, warm))
-    result.warmup_seconds = time.monotonic() - started
-    result.static_order = await _static_order(warm_home, config)
+    warmed = root / "warm.done"
+    if previous is not None and warmed.exists():
+        result = previous
+        progress.note(f"seed {seed}: resuming ({sum(len(r) for by in result.sized_runs.values() for r in by.values())}"
+                      " task runs kept)")
+    else:
+        if root.exists():
+            shutil.rmtree(root)  # a warm-up stopped midway is not a memory: it starts again
+        result = SeedResult(seed=seed, warmup=warm, held_out=held)
+        started = time.monotonic()
+        progress.note(f"seed {seed}: warming the memory on {len(warm)} tasks, {len(held)} held out")
+        await warm_memory(config, warm, seed, warm_home, progress, one_core_warmup_tasks(config, tasks, warm))
+        result.warmup_seconds = time.monotonic() - started
+        result.static_order = await _static_order(warm_home, config)
+        warmed.write_text(f"{result.warmup_seconds:.0f}\n")
     homes = _sized_homes(config, root, warm_home, seed)
-    result.sized_runs = {size: {} for size, _ in homes}  # smallest first, whatever order they run in
+    # smallest first, whatever order they run in
+    result.sized_runs = {size: result.sized_runs.get(size, {}) for size, _ in homes}
     memoryless: dict[str, list[TaskRun]] = {}
     for n, (size, home) in enumerate(reversed(homes)):
         result.memory_attempts[size] = attempts_in(home / "memory-export.jsonl")
@@ -100,54 +112,65 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
         arms = [a for a in config.arms_at(size) if n == 0 or a not in MEMORYLESS]
         # The static order is the global order of the memory the arms start from, whatever its size.
         static = result.static_order if size == "all" else await _static_order(home, config)
-        result.sized_runs[size] = await _interleaved(config, home, root / f"arms-{size}", held, seed, progress,
-                                                     arms, static, catalogue, size)
+
+        def keep(runs: dict[str, list[TaskRun]], size: str = size,
+                 memoryless: dict[str, list[TaskRun]] = memoryless) -> None:
+            result.sized_runs[size] = {**runs, **(memoryless if size != "all" else {})}
+            result.runs = result.sized_runs.get("all", {})
+            if save is not None:
+                save(result)
+
+        await _interleaved(config, home, root / f"arms-{size}", held, seed, progress, arms, static, catalogue,
+                           size, result.sized_runs[size], keep)
         if n == 0:
             memoryless = {a: r for a, r in result.sized_runs[size].items() if a in MEMORYLESS}
-            result.runs = result.sized_runs[size]
-        else:
-            result.sized_runs[size] |= memoryless
-        if save is not None:
-            save(result)
+        keep({a: r for a, r in result.sized_runs[size].items() if a in arms})
     result.runs = result.sized_runs["all"]
     return result
 
 
 def _sized_homes(config: BenchConfig, root: Path, warm_home: Path, seed: int) -> list[tuple[str, Path]]:
-    """(label, home) per memory size, smallest first; each home also holds its export (memory-export.jsonl)."""
+    """(label, home) per memory size, smallest first; each home also holds its export (memory-export.jsonl).
+    Made once per seed (`sizes.done`), so a resumed run reads the same memories."""
     full = root / "memory-full.jsonl"
-    kope_memory(warm_home, "export", full)
+    made = root / "sizes.done"
+    if not made.exists():
+        kope_memory(warm_home, "export", full)
     total = attempts_in(full)
     sizes = sorted({n for n in config.memory_sizes if n < total})
     homes = []
     for n in sizes:
         home = root / f"memory-{n}"
-        home.mkdir(parents=True, exist_ok=True)
-        subsample_export(full, home / "memory-export.jsonl", n, seed)
-        kope_memory(home, "import", home / "memory-export.jsonl")
+        if not made.exists():
+            shutil.rmtree(home, ignore_errors=True)
+            home.mkdir(parents=True)
+            subsample_export(full, home / "memory-export.jsonl", n, seed)
+            kope_memory(home, "import", home / "memory-export.jsonl")
         homes.append((str(n), home))
-    shutil.copy(full, warm_home / "memory-export.jsonl")
+    if not made.exists():
+        shutil.copy(full, warm_home / "memory-export.jsonl")
+        made.write_text("")
     homes.append(("all", warm_home))
     return homes
 
 
 async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, held: list[str], seed: int,
                        progress: Progress, arms: list[str], static: list[str], catalogue: Catalogue | None,
-                       size: str) -> dict[str, list[TaskRun]]:
+                       size: str, existing: dict[str, list[TaskRun]],
+                       keep: Callable[[dict[str, list[TaskRun]]], None]) -> None:
+    """Every arm works every held-out task, each (arm, task) from its own fresh copy of the memory: pairs are
+    independent (no arm carries one held-out task's experience into the next), and a stopped run goes on at the
+    first task some arm did not finish. `keep` gets the runs after every finished task."""
     arms = [a for a in arms if a != "oracle" or catalogue is not None]
-    runs: dict[str, list[TaskRun]] = {arm: [] for arm in arms}
-    async with AsyncExitStack() as stack:
-        clients = {}
-        for arm in arms:
-            home = arms_root / arm.replace("@", "-")
-            shutil.copytree(memory_home, home,
-                            ignore=shutil.ignore_patterns("daemon", "memory-export.jsonl", "refcache"))
-            clients[arm] = await stack.enter_async_context(
-                Client(server_params(home, config), client_info=Implementation(name=f"bench-{arm}", version="1")))
-        judge = await stack.enter_async_context(
-            Client(server_params(arms_root / "judge", config), client_info=Implementation(name="bench-judge",
-                                                                                          version="1")))
+    done = {t for t in held if all(any(r.task_id == t for r in existing.get(a, [])) for a in arms)}
+    runs: dict[str, list[TaskRun]] = {a: [r for r in existing.get(a, []) if r.task_id in done] for a in arms}
+    if len(done) == len(held):
+        return
+    async with Client(server_params(arms_root / "judge", config),
+                      client_info=Implementation(name="bench-judge", version="1")) as judge:
         for i, task_id in enumerate(held):
+            if task_id in done:
+                continue
             rotated = arms[i % len(arms):] + arms[:i % len(arms)]
             for arm in rotated:
                 label = f"seed {seed} {arm}" + (f" [{size}]" if size != "all" else "")
@@ -155,7 +178,14 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
                 policy, _ = parse_arm(arm)
                 ranking = static if policy in ("static", "aa") else \
                     oracle_order(catalogue, task_id) if policy == "oracle" and catalogue is not None else None
-                run = await run_task(clients[arm], task_id, arm, config.budget, seed, ranking)
+                home = arms_root / arm.replace("@", "-") / task_id
+                shutil.rmtree(home, ignore_errors=True)
+                shutil.copytree(memory_home, home,
+                                ignore=shutil.ignore_patterns("daemon", "memory-export.jsonl", "refcache"))
+                async with Client(server_params(home, config),
+                                  client_info=Implementation(name=f"bench-{arm}", version="1")) as client:
+                    run = await run_task(client, task_id, arm, config.budget, seed, ranking)
+                shutil.rmtree(home, ignore_errors=True)
                 runs[arm].append(run)
                 progress.finished(_line(label, i + 1, len(held), run))
             if config.judge_rounds:
@@ -164,7 +194,7 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
                 progress.note(f"seed {seed} judge {task_id}: {len(judged.speedups)} kernels re-profiled "
                               f"{config.judge_rounds}x interleaved" + (f", {len(judged.failed)} failed every time"
                                                                         if judged.failed else ""))
-    return runs
+            keep(runs)
 
 
 async def _static_order(home: Path, config: BenchConfig) -> list[str]:

@@ -11,23 +11,30 @@ from pathlib import Path
 
 from kope_mcp.bench.candidates import applicable
 from kope_mcp.bench.catalogue import best_from_catalogue, measure_catalogue
-from kope_mcp.bench.config import QUICK_FAMILIES, BenchConfig, SeedResult, one_core_warmup_tasks, plan
+from kope_mcp.bench.config import (
+    QUICK_FAMILIES,
+    BenchConfig,
+    SeedResult,
+    one_core_warmup_tasks,
+    plan,
+    save_config,
+)
 from kope_mcp.bench.protocol import MEMORYLESS, from_json, run_seed, to_json
 from kope_mcp.bench.report import catalogue_table, markdown, plots
 from kope_mcp.tasks.registry import TaskRegistry
 
 
 def full_config(out: Path, registry: TaskRegistry | None = None) -> BenchConfig:
-    """`kope bench`: sized to finish in under 90 minutes on a 2-core machine. Every family, one held-out task
+    """`kope bench`: sized to finish in about two hours on a 2-core machine. Every family, one held-out task
     each (the one whose profiling size moves the fewest bytes: profiling dominates the run); the warm-up tries
     every strategy on two tasks per family of the other half here, and on one per family pinned to one core
     (another hardware key), so the memory (~350 attempts, ~45k tokens of history) outgrows the small windows;
-    the curve at 150 attempts and all of it."""
+    the curve at four sizes (samples of 40, 80 and 160 attempts, and all of it) with static and the 8k arms."""
     tasks = (registry or TaskRegistry.default()).list()
     footprints = {t.id: float(t.spec.byte_count(t.spec.profile.sizes)) for t in tasks}
     return BenchConfig(out=out, seeds=1, budget=8, held_per_family=1, warm_budget=14, one_core_warmup=True,
-                       warm_per_family=2, one_core_per_family=1, memory_sizes=(150,), profile_s=0.1,
-                       footprints=footprints)
+                       warm_per_family=2, one_core_per_family=1, memory_sizes=(40, 80, 160),
+                       sized_windows=(8_000,), profile_s=0.1, footprints=footprints)
 
 
 def quick_config(out: Path) -> BenchConfig:
@@ -76,22 +83,32 @@ def task_runs(config: BenchConfig, tasks: Mapping[str, str], warm: list[str], he
     """Task runs of one seed: the warm-up passes (here and on one core), then every arm per memory size, `none`
     and `oracle` once."""
     one_core = len(one_core_warmup_tasks(config, tasks, warm)) if config.one_core_warmup else 0
-    sizes = len(config.memory_sizes) + 1
-    memoryless = sum(a in MEMORYLESS for a in config.arms)
-    return (len(warm) + one_core) * config.warm_passes + len(held) * (memoryless + sizes * (len(config.arms)
-                                                                                           - memoryless))
+    per_task = len(config.arms) + sum(sum(a not in MEMORYLESS for a in config.arms_at(str(n)))
+                                      for n in config.memory_sizes)
+    return (len(warm) + one_core) * config.warm_passes + len(held) * per_task
 
 
-async def run_bench(config: BenchConfig) -> Path:
-    """Run every seed; returns the report's path (plots next to it)."""
+async def run_bench(config: BenchConfig, resume: bool = False) -> Path:
+    """Run every seed; returns the report's path (plots next to it). With `resume`, `config.out` holds a stopped
+    run (its bench-config.json, results.json and seed folders): what it finished is kept and the run goes on."""
     config.out.mkdir(parents=True, exist_ok=True)
     registry = TaskRegistry.default()
     tasks = {t.id: t.spec.family for t in registry.list()}
     started = time.monotonic()
     results: list[SeedResult] = []
+    previous: dict[int, SeedResult] = {}
+    wall_path = config.out / "wall_seconds"
+    prior_wall = 0.0
+    if resume:
+        if (config.out / "results.json").exists():
+            previous = {r.seed: r for r in from_json(json.loads((config.out / "results.json").read_text()))}
+        prior_wall = float(wall_path.read_text()) if wall_path.exists() else 0.0
+    else:
+        save_config(config)
 
     def save(partial: SeedResult) -> None:
         (config.out / "results.json").write_text(json.dumps(to_json([*results, partial]), indent=1))
+        wall_path.write_text(f"{prior_wall + time.monotonic() - started:.0f}\n")
 
     splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
     held_out = sorted({t for _, held in splits for t in held})
@@ -100,10 +117,10 @@ async def run_bench(config: BenchConfig) -> Path:
         # The oracle's order and the floor of the best known speedups: measured first, on the held-out tasks.
         catalogue = await measure_catalogue(config, held_out, progress, config.catalogue_repeats)
         for seed in range(config.seeds):
-            results.append(await run_seed(config, tasks, seed, progress, catalogue, save))
+            results.append(await run_seed(config, tasks, seed, progress, catalogue, save, previous.get(seed)))
     finally:
         progress.close()
-    (config.out / "wall_seconds").write_text(f"{time.monotonic() - started:.0f}\n")
+    wall_path.write_text(f"{prior_wall + time.monotonic() - started:.0f}\n")
     return write_report(config, registry)
 
 

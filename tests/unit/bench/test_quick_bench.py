@@ -5,7 +5,7 @@ import json
 import anyio
 import pytest
 
-from kope_mcp.bench.config import BenchConfig
+from kope_mcp.bench.config import BenchConfig, load_config
 from kope_mcp.bench.runner import run_bench
 
 pytestmark = pytest.mark.slow  # a subprocess or a multi-second workflow: not the everyday loop
@@ -39,3 +39,22 @@ def test_a_tiny_run_writes_the_report_the_plots_and_per_arm_results_at_two_memor
     assert all(len(r["load"]) == r["attempts"] for r in runs.values())
     catalogue = json.loads((config.out / "catalogue.json").read_text())
     assert set(catalogue) == set(seed["held_out"]) and catalogue[seed["held_out"][0]]
+
+    # A run stopped in the middle of a task goes on there: the unfinished task is worked again by every arm,
+    # finished ones and the warm-up are kept.
+    results = config.out / "results.json"
+    saved = json.loads(results.read_text())
+    del saved[0]["sized_runs"]["all"]["active@8k"]
+    results.write_text(json.dumps(saved))
+    warm_done = config.out / "seed-0" / "warm.done"
+    stamp = warm_done.stat().st_mtime_ns
+    resumed = load_config(config.out)
+    assert resumed.windows == (8_000,) and resumed.memory_sizes == (2,)
+    anyio.run(run_bench, resumed, True)
+    (after,) = json.loads(results.read_text())
+    def own(runs):  # none and oracle run once, on the whole memory, and are shown at every size
+        return {arm: r for arm, r in runs.items() if arm not in ("none", "oracle")}
+
+    assert own(after["sized_runs"]["2"]) == own(seed["sized_runs"]["2"])  # the finished size is kept as it was
+    assert after["sized_runs"]["all"]["active@8k"] and after["warmup_seconds"] == seed["warmup_seconds"]
+    assert warm_done.stat().st_mtime_ns == stamp
