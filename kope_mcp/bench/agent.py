@@ -84,6 +84,14 @@ class TaskRun:
     verdicts: dict[str, int] = field(default_factory=dict)  # suspect, noisy and timing_unverified profiles
     # The incumbent's speedup after each attempt as the judge re-profiled it (judge.py): what metrics read
     judged: list[float] = field(default_factory=list)
+    # A model's episode (llm_episode.py); the scripted agent leaves them at 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    model_calls: int = 0
+    prompt_tokens: int = 0  # as the endpoint's `usage` counted them (tool schemas included)
+    completion_tokens: int = 0
+    trimmed_retries: int = 0
+    stopped: str = ""  # finish, budget, iterations or context limit (a model's episode)
 
     @property
     def solved(self) -> bool:

@@ -42,7 +42,10 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--api-key-env", default="OPENAI_API_KEY",
                        help="llm: the environment variable holding the API key (default OPENAI_API_KEY; unset: none)")
     bench.add_argument("--context-window", type=int, default=32_000,
-                       help="llm: trim the chat to this many tokens (default 32000)")
+                       help="llm: the window of the controls (none, static, oracle); the memory arms use their own "
+                            "(--windows) (default 32000)")
+    bench.add_argument("--timeout", type=float, default=None,
+                       help="llm: seconds to wait for an answer, plus 2 s per 1k prompt tokens (default 60)")
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -51,19 +54,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
 
     import anyio
 
-    from kope_mcp.bench.runner import BarProgress, full_config, quick_config, run_bench
+    from kope_mcp.bench.runner import full_config, quick_config, run_bench
 
-    if args.resume:
-        from kope_mcp.bench.config import CONFIG_FILE, load_config
-
-        if not (Path(args.resume) / CONFIG_FILE).is_file():
-            print(f"error: {args.resume} holds no {CONFIG_FILE} (give the --out folder of a kope bench run started "
-                  "by this version)", file=sys.stderr)
-            return 2
-        report = anyio.run(run_bench, load_config(Path(args.resume)), True)
-        print(report.read_text())
-        print(f"report: {report}")
-        return 0
     out = Path(args.out or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     config = quick_config(out) if args.quick else full_config(out)
     for name in ("seeds", "budget", "held_per_family", "one_core_warmup", "warm_passes", "warm_budget"):
@@ -99,38 +91,36 @@ def run_bench_command(args: argparse.Namespace) -> int:
         print(report.read_text())
         print(f"report: {report}")
         return 0
+    agent = None
     if args.agent == "llm":
         from kope_mcp.bench.llm import LlmSettings
-        from kope_mcp.bench.llm_runner import run_llm_bench
+        from kope_mcp.bench.llm_episode import llm_agent
 
         if not args.base_url or not args.model:
             print("error: --agent llm needs --base-url (an OpenAI-compatible API root, e.g. "
                   "http://127.0.0.1:8000/v1) and --model", file=sys.stderr)
             return 2
-        settings = LlmSettings(base_url=args.base_url, model=args.model, context_window=args.context_window,
-                               api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
-                               attempts=config.budget)
-        from kope_mcp.bench.config import plan
-        from kope_mcp.bench.llm import LLM_POLICIES, endpoint_failure
-        from kope_mcp.tasks.registry import TaskRegistry
+        agent = llm_agent(LlmSettings(base_url=args.base_url, model=args.model, context_window=args.context_window,
+                                      api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
+                                      attempts=config.budget, timeout_s=args.timeout))
+    if args.resume:
+        from kope_mcp.bench.config import CONFIG_FILE, load_config
 
-        tasks = {t.id: t.spec.family for t in TaskRegistry.default().list()}
-        splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
-        progress = BarProgress(sum(len(w) + len(LLM_POLICIES) * len(h) for w, h in splits))
-        try:
-            report = anyio.run(run_llm_bench, config, settings, progress)
-        except BaseException as exc:  # the MCP client's task group wraps what failed inside it
-            failure = endpoint_failure(exc)
-            if failure is None:
-                raise
-            print(f"error: {failure}", file=sys.stderr)
+        if not (Path(args.resume) / CONFIG_FILE).is_file():
+            print(f"error: {args.resume} holds no {CONFIG_FILE} (give the --out folder of a kope bench run started "
+                  "by this version)", file=sys.stderr)
             return 2
-        finally:
-            progress.close()
-        print(report.read_text())
-        print(f"report: {report}")
-        return 0
-    report = anyio.run(run_bench, config)
+        config = load_config(Path(args.resume))
+    from kope_mcp.bench.llm import endpoint_failure
+
+    try:
+        report = anyio.run(run_bench, config, bool(args.resume), agent)
+    except BaseException as exc:  # the MCP client's task group wraps what failed inside it
+        failure = endpoint_failure(exc)
+        if failure is None:
+            raise
+        print(f"error: {failure}", file=sys.stderr)
+        return 2
     print(report.read_text())
     print(f"report: {report}")
     return 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,9 @@ from kope_mcp.bench.judge import judge_task
 from kope_mcp.bench.memories import attempts_in, kope_memory, subsample_export
 
 MEMORYLESS = ("none", "oracle")
+# Who works a held-out task (agent.run_task, or llm_episode.llm_agent's model): the warm-up and the catalogue are
+# always the scripted agent's, so both agents start from the same memory.
+AgentFn = Callable[[Client, str, str, int, int, "list[str] | None"], Awaitable[TaskRun]]
 
 
 def _line(label: str, i: int, n: int, run: TaskRun) -> str:
@@ -79,7 +82,7 @@ async def warm_memory(config: BenchConfig, warm: list[str], seed: int, home: Pat
 
 async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, progress: Progress,
                    catalogue: Catalogue | None = None, save: Callable[[SeedResult], None] | None = None,
-                   previous: SeedResult | None = None) -> SeedResult:
+                   previous: SeedResult | None = None, agent: AgentFn = run_task) -> SeedResult:
     """One seed; `save` is called with the partial result after every held-out task. With `previous` (the
     seed's partial result of a stopped run) a finished warm-up and finished tasks are kept, and the run goes on
     at the first task not finished by every arm."""
@@ -121,7 +124,7 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
                 save(result)
 
         await _interleaved(config, home, root / f"arms-{size}", held, seed, progress, arms, static, catalogue,
-                           size, result.sized_runs[size], keep)
+                           size, result.sized_runs[size], keep, agent)
         if n == 0:
             memoryless = {a: r for a, r in result.sized_runs[size].items() if a in MEMORYLESS}
         keep({a: r for a, r in result.sized_runs[size].items() if a in arms})
@@ -157,7 +160,7 @@ def _sized_homes(config: BenchConfig, root: Path, warm_home: Path, seed: int) ->
 async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, held: list[str], seed: int,
                        progress: Progress, arms: list[str], static: list[str], catalogue: Catalogue | None,
                        size: str, existing: dict[str, list[TaskRun]],
-                       keep: Callable[[dict[str, list[TaskRun]]], None]) -> None:
+                       keep: Callable[[dict[str, list[TaskRun]]], None], agent: AgentFn = run_task) -> None:
     """Every arm works every held-out task, each (arm, task) from its own fresh copy of the memory: pairs are
     independent (no arm carries one held-out task's experience into the next), and a stopped run goes on at the
     first task some arm did not finish. `keep` gets the runs after every finished task."""
@@ -184,7 +187,7 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
                                 ignore=shutil.ignore_patterns("daemon", "memory-export.jsonl", "refcache"))
                 async with Client(server_params(home, config),
                                   client_info=Implementation(name=f"bench-{arm}", version="1")) as client:
-                    run = await run_task(client, task_id, arm, config.budget, seed, ranking)
+                    run = await agent(client, task_id, arm, config.budget, seed, ranking)
                 shutil.rmtree(home, ignore_errors=True)
                 runs[arm].append(run)
                 progress.finished(_line(label, i + 1, len(held), run))

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
+from kope_mcp.bench.agent import run_task
 from kope_mcp.bench.candidates import applicable
 from kope_mcp.bench.catalogue import best_from_catalogue, measure_catalogue
 from kope_mcp.bench.config import (
@@ -19,7 +20,7 @@ from kope_mcp.bench.config import (
     plan,
     save_config,
 )
-from kope_mcp.bench.protocol import MEMORYLESS, from_json, run_seed, to_json
+from kope_mcp.bench.protocol import MEMORYLESS, AgentFn, from_json, run_seed, to_json
 from kope_mcp.bench.report import catalogue_table, markdown, plots
 from kope_mcp.tasks.registry import TaskRegistry
 
@@ -88,7 +89,7 @@ def task_runs(config: BenchConfig, tasks: Mapping[str, str], warm: list[str], he
     return (len(warm) + one_core) * config.warm_passes + len(held) * per_task
 
 
-async def run_bench(config: BenchConfig, resume: bool = False) -> Path:
+async def run_bench(config: BenchConfig, resume: bool = False, agent: AgentFn | None = None) -> Path:
     """Run every seed; returns the report's path (plots next to it). With `resume`, `config.out` holds a stopped
     run (its bench-config.json, results.json and seed folders): what it finished is kept and the run goes on."""
     config.out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +118,8 @@ async def run_bench(config: BenchConfig, resume: bool = False) -> Path:
         # The oracle's order and the floor of the best known speedups: measured first, on the held-out tasks.
         catalogue = await measure_catalogue(config, held_out, progress, config.catalogue_repeats)
         for seed in range(config.seeds):
-            results.append(await run_seed(config, tasks, seed, progress, catalogue, save, previous.get(seed)))
+            results.append(await run_seed(config, tasks, seed, progress, catalogue, save, previous.get(seed),
+                                          agent or run_task))
     finally:
         progress.close()
     wall_path.write_text(f"{prior_wall + time.monotonic() - started:.0f}\n")

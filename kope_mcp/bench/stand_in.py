@@ -1,8 +1,9 @@
 """A stand-in for an OpenAI-compatible chat endpoint, for testing `kope bench --agent llm` without a model.
 
 It plays a fixed, simple agent: compile the task's naive kernel with -O3 (from the task statement in the chat),
-run its tests, profile it, record a lesson, answer DONE. Like a real endpoint it reports `usage` (prompt and
-completion tokens counted in cl100k_base), answers 400 "context_length_exceeded" when the prompt is over its
+run its tests, profile it, record a lesson, then call `finish` (answer DONE where no such tool is offered). Like a
+real endpoint it reports `usage` (prompt and completion tokens counted in cl100k_base, the tool schemas
+included, as a served model's prompt holds them), answers 400 "context_length_exceeded" when the prompt is over its
 --max-context, can be slow (--delay), and can send tool arguments as a JSON object instead of a string
 (--object-arguments), as some servers do.
 
@@ -24,9 +25,9 @@ from kope_mcp.memory.tokens import count_tokens
 _TASK = re.compile(r"^Task (?P<task>[\w.-]+):", re.M)
 
 
-def prompt_tokens(messages: list[dict[str, Any]]) -> int:
+def prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> int:
     text = "".join(str(m.get("content") or "") + json.dumps(m.get("tool_calls") or "") for m in messages)
-    return count_tokens(text) + 4 * len(messages)
+    return count_tokens(text) + 4 * len(messages) + (count_tokens(json.dumps(tools)) if tools else 0)
 
 
 def _baseline(messages: list[dict[str, Any]]) -> tuple[str | None, str | None]:
@@ -40,8 +41,11 @@ def _baseline(messages: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def next_message(messages: list[dict[str, Any]], object_arguments: bool, turn: int) -> dict[str, Any]:
+def next_message(messages: list[dict[str, Any]], object_arguments: bool, turn: int,
+                 tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The stand-in agent's next step, from the last tool result in the chat."""
+    offered = {t.get("function", {}).get("name") for t in tools or []}
+    done = _done(offered, object_arguments, turn)
     last = messages[-1]
     result: dict[str, Any] = {}
     if last.get("role") == "tool":
@@ -59,22 +63,30 @@ def next_message(messages: list[dict[str, Any]], object_arguments: bool, turn: i
 
     if "kernel_id" in result and "ok" in result:
         return call("run_tests", {"kernel_id": result["kernel_id"]}) if result["ok"] else \
-            {"role": "assistant", "content": "DONE"}
+            done
     if "passed" in result:
         return call("profile_kernel", {"kernel_id": result.get("kernel_id") or _last_kernel(messages)}) \
-            if result["passed"] else {"role": "assistant", "content": "DONE"}
+            if result["passed"] else done
     if "speedup_vs_baseline" in result:
         return call("record_experience", {"kernel_id": _last_kernel(messages), "strategy": "compiler flags -O3",
                                           "lesson": "-O3 on the naive kernel, as measured"})
-    if "experience_id" in result:
-        return {"role": "assistant", "content": "DONE"}
+    if "experience_id" in result or str(last.get("content") or "").startswith("finished"):
+        return done
     task, source = _baseline(messages)
     if task is None or source is None:
-        return {"role": "assistant", "content": "DONE"}
+        return done
     args: dict[str, Any] = {"task_id": task, "source": source, "flags": ["-O3"], "strategy": "compiler flags -O3"}
     if session:
         args["session_id"] = session[-1]
     return call("compile_kernel", args)
+
+
+def _done(offered: set[Any], object_arguments: bool, turn: int) -> dict[str, Any]:
+    if "finish" not in offered:
+        return {"role": "assistant", "content": "DONE"}
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": f"call-{turn}", "type": "function",
+                            "function": {"name": "finish", "arguments": {} if object_arguments else "{}"}}]}
 
 
 def _last_kernel(messages: list[dict[str, Any]]) -> str:
@@ -96,7 +108,7 @@ class StandInEndpoint:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append(body)
-                tokens = prompt_tokens(body["messages"])
+                tokens = prompt_tokens(body["messages"], body.get("tools"))
                 if delay_s:
                     time.sleep(delay_s)
                 if tokens > max_context:
@@ -104,7 +116,7 @@ class StandInEndpoint:
                                                f"tokens. However, your messages resulted in {tokens} tokens.",
                                                "type": "invalid_request_error", "code": "context_length_exceeded"}})
                     return
-                message = next_message(body["messages"], object_arguments, len(outer.requests))
+                message = next_message(body["messages"], object_arguments, len(outer.requests), body.get("tools"))
                 completion = count_tokens(json.dumps(message))
                 self._send(200, {"id": f"chatcmpl-{len(outer.requests)}", "object": "chat.completion",
                                  "model": body.get("model"), "choices": [{"index": 0, "message": message,

@@ -16,8 +16,10 @@ from mcp import Client, StdioServerParameters
 
 from kope_mcp.app.cli import main as kope_main
 from kope_mcp.bench import llm
-from kope_mcp.bench.llm import EndpointError, LlmSettings, chat, parse_arguments, run_llm_task
-from kope_mcp.bench.stand_in import StandInEndpoint
+from kope_mcp.bench.agent import TaskRun
+from kope_mcp.bench.llm import EndpointError, LlmSettings, chat, parse_arguments
+from kope_mcp.bench.llm_episode import run_llm_arm
+from kope_mcp.bench.stand_in import StandInEndpoint, prompt_tokens
 
 VECTOR_ADD = ("#include <stdint.h>\nvoid kernel(const float *a, const float *b, float *out, int64_t n) {\n"
               "    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];\n}\n")
@@ -71,16 +73,16 @@ def last_tool_result(body: dict) -> dict:
     return json.loads(next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool"))
 
 
-def run_one(url: str, home: Path, policy: str = "active", **settings: Any) -> llm.LlmTaskRun:
+def run_one(url: str, home: Path, arm: str = "active@32k", budget: int = 2, **settings: Any) -> TaskRun:
     params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--no-daemon",
                                                                  "--log-level", "WARNING"],
                                    env={**__import__("os").environ, "KOPE_HOME": str(home),
                                         "KOPE_EMBEDDINGS": "off", "KOPE_PROFILE_S": "0.2"})
-    config = LlmSettings(base_url=url, model="stand-in", **{"attempts": 2, "iterations": 3, **settings})
+    config = LlmSettings(base_url=url, model="stand-in", **{"iterations": 3, **settings})
 
-    async def go() -> llm.LlmTaskRun:
+    async def go() -> TaskRun:
         async with Client(params) as client:
-            return await run_llm_task(client, config, "vector_add", policy)
+            return await run_llm_arm(client, config, "vector_add", arm, budget, seed=0)
     return anyio.run(go)
 
 
@@ -93,13 +95,14 @@ def test_the_loop_calls_tools_feeds_back_errors_injects_experience_and_counts_us
         lambda body: tool_call("c3", "profile_kernel", json.dumps({"kernel_id": last_tool_result(body)["kernel_id"]})),
         tool_call("c4", "compile_kernel", "{not json"),  # malformed: goes back to the model as an error
         tool_call("c5", "no_such_tool", "{}"),
-        {"role": "assistant", "content": "DONE"},
+        {"role": "assistant", "content": "DONE"},  # words end nothing: the next iteration asks again
+        tool_call("c6", "finish", "{}"),
     ])
     run = run_one(stand_in.url, tmp_path / "home")
-    assert run.stopped == "model said DONE"
-    assert run.compiles == 1 and run.tool_calls == 5 and run.tool_errors == 2
-    assert run.best_speedup is not None and run.best_speedup > 0
-    assert run.usage.calls == 6 and run.usage.prompt_tokens == 6000 and run.usage.completion_tokens == 300
+    assert run.stopped == "finish"
+    assert run.attempts == 1 and run.tool_calls == 4 and run.tool_errors == 2
+    assert run.first_correct == 1 and run.best_by_attempt and run.kept[0][0] == 0
+    assert run.model_calls == 7 and run.prompt_tokens == 7000 and run.completion_tokens == 350
     first = stand_in.requests[0]
     assert {t["function"]["name"] for t in first["tools"]} >= {"compile_kernel", "run_tests", "query_experience"}
     assert any("Relevant experience (kope-mcp memory)" in str(m["content"]) for m in first["messages"])
@@ -111,21 +114,39 @@ def test_the_loop_calls_tools_feeds_back_errors_injects_experience_and_counts_us
 
 @pytest.mark.slow
 def test_without_memory_nothing_is_injected(tmp_path):
-    stand_in = Replay([{"role": "assistant", "content": "DONE"}])
-    run = run_one(stand_in.url, tmp_path / "home", policy="none")
+    stand_in = Replay([tool_call("c1", "finish", "{}")])
+    run = run_one(stand_in.url, tmp_path / "home", arm="none")
     assert run.context_tokens == 0
     assert not any("experience" in str(m["content"]).lower() for m in stand_in.requests[0]["messages"][2:])
 
 
 @pytest.mark.slow
-def test_a_context_length_answer_gets_the_chat_trimmed_and_resent_once(tmp_path):
+def test_a_context_length_answer_gets_the_chat_trimmed_until_it_fits_and_never_ends_the_run(tmp_path):
     too_long = (400, {"Content-Type": "application/json"},
                 b'{"error": {"message": "This model\'s maximum context length is 4096 tokens", '
                 b'"code": "context_length_exceeded"}}')
-    stand_in = Replay([too_long, {"role": "assistant", "content": "DONE"}])
-    run = run_one(stand_in.url, tmp_path / "home", context_window=32_000)
-    assert run.trimmed_retries == 1 and run.stopped == "model said DONE"
-    assert "dropped to fit" in str(stand_in.requests[1]["messages"][-1]["content"])
+    stand_in = Replay([too_long, too_long, tool_call("c1", "finish", "{}")])
+    run = run_one(stand_in.url, tmp_path / "home", arm="active@32k")
+    assert run.trimmed_retries == 2 and run.stopped == "finish"
+    assert "dropped to fit" in str(stand_in.requests[2]["messages"][-1]["content"])
+    never = Replay([too_long] * 10)
+    run = run_one(never.url, tmp_path / "home2", arm="active@8k")
+    assert run.stopped == "context limit" and run.attempts == 0  # the task ends; nothing is raised
+
+
+@pytest.mark.slow
+def test_the_windows_budget_counts_the_tool_schemas_and_usage_includes_them(tmp_path):
+    endpoint = StandInEndpoint(max_context=200_000).start()
+    try:
+        run = run_one(endpoint.url, tmp_path / "home", arm="passive@8k", budget=1)
+    finally:
+        endpoint.close()
+    # The stand-in counts the tools' schemas into prompt_tokens, as a served model does; the chat leaves them room.
+    first = endpoint.requests[0]
+    schema_share = prompt_tokens(first["messages"], first["tools"]) - prompt_tokens(first["messages"])
+    assert schema_share > 500
+    assert run.prompt_tokens >= run.model_calls * schema_share
+    assert run.peak_tokens <= 8_000 - schema_share and run.stopped == "finish"
 
 
 def test_only_429_and_5xx_are_retried_and_retry_after_is_honoured(monkeypatch):
@@ -170,8 +191,7 @@ def test_arguments_that_are_not_an_object_are_refused(raw):
 
 
 @pytest.mark.slow
-def test_kope_bench_agent_llm_quick_runs_against_the_stand_in_and_reports_prompt_tokens_per_policy(
-        tmp_path, capsys):
+def test_kope_bench_agent_llm_runs_the_scripted_protocol_and_writes_the_same_report_layout(tmp_path, capsys):
     endpoint = StandInEndpoint(max_context=64_000, object_arguments=True).start()
     try:
         code = kope_main(["bench", "--agent", "llm", "--base-url", endpoint.url, "--model", "stand-in", "--quick",
@@ -179,14 +199,17 @@ def test_kope_bench_agent_llm_quick_runs_against_the_stand_in_and_reports_prompt
     finally:
         endpoint.close()
     assert code == 0
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert set(results) == {"none", "passive", "active"}
-    for policy, runs in results.items():
-        assert runs and all(r["usage"]["prompt_tokens"] > 0 and r["compiles"] >= 1 for r in runs), policy
-        assert all(r["stopped"] == "model said DONE" for r in runs), policy
-    assert results["none"][0]["context_tokens"] == 0 < results["active"][0]["context_tokens"]
+    (seed,) = json.loads((tmp_path / "out" / "results.json").read_text())
+    arms = {"none", "static", "oracle", "aa@8k", "shuffled@8k", "passive@8k", "active@8k"}
+    assert set(seed["runs"]) == arms
+    for arm, runs in seed["runs"].items():
+        assert runs and all(r["prompt_tokens"] > 0 and r["attempts"] >= 1 for r in runs), arm
+        assert all(r["stopped"] == "finish" and len(r["judged"]) == r["attempts"] for r in runs), arm
+    assert seed["runs"]["none"][0]["context_tokens"] == 0 < seed["runs"]["active@8k"][0]["context_tokens"]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "| passive |" in report and "prompt tokens (total)" in report
+    for section in ("## Design and power", "## Primary", "## A/A control", "## Secondary", "## Verdicts met"):
+        assert section in report, section
+    assert all(f"| {arm} |" in report for arm in arms)
 
 
 def test_kope_bench_agent_llm_without_an_endpoint_says_what_it_needs(capsys):
