@@ -110,6 +110,9 @@ async def _demo_session() -> int:
             fast = await call("profile_kernel", kernel_id=fixed["kernel_id"])
         step(f"profile optimised: median {fast['kernel']['median_s'] * 1e3:.2f} ms"
              + ("" if not (fast["noisy"] or fast["suspect"]) else " (still not clean: the machine is busy)"))
+        if fast["noisy"] or fast["suspect"]:
+            step("a noisy or suspect verdict is kept with its reason but never taught: the win below will not appear "
+                 "under 'What worked here' (run `kope demo` again when the machine is quieter)")
         recorded = await call("record_experience", kernel_id=fixed["kernel_id"], strategy=FAST_STRATEGY,
                               lesson="i-k-j order makes the inner loop contiguous, so -O3 vectorises it",
                               rationale="the naive i-j-k loop reads B by columns")
