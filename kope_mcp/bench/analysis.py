@@ -29,6 +29,7 @@ from kope_mcp.bench.metrics import (
 ALPHA = 0.05
 POWER = 0.8
 EFFECT_OF_INTEREST = math.log(1.1)  # the primary metric's smallest difference worth detecting
+AA_MIN_PAIRS = 5  # below this a bootstrap CI is too coarse to call the A/A either way
 ATTEMPTS_OF_INTEREST = 1.0  # the secondary metric's
 
 
@@ -94,14 +95,15 @@ def aa_control(by_arm: dict[str, list[TaskRun]], policies: tuple[str, ...],
         return []
     auc = paired(by_arm, aa, "static", area_under_best)
     att = paired(by_arm, aa, "static", to90)
-    tied = auc.pairs > 0 and auc.low <= 0 <= auc.high and att.low <= 0 <= att.high
+    tied = auc.low <= 0 <= auc.high and att.low <= 0 <= att.high
     same = sum(r.strategies == s.strategies for r in by_arm[aa] for s in by_arm["static"]
                if (r.task_id, r.seed) == (s.task_id, s.seed))
     return ["## A/A control", "",
             f"`{aa}` reads what passive reads and chooses what static chooses. Against `static`: primary "
             f"{auc.mean:+.3f} ({auc.low:+.3f} to {auc.high:+.3f}), attempts to 90% {att.mean:+.2f} ({att.low:+.2f} to "
             f"{att.high:+.2f}), {auc.pairs} pairs; the same strategies in the same order in {same} of {auc.pairs}. "
-            + ("**It tied static**: no bias between arms is visible at this size." if tied else
+            + (f"**Too few pairs to judge** (fewer than {AA_MIN_PAIRS})." if auc.pairs < AA_MIN_PAIRS else
+               "**It tied static**: no bias between arms is visible at this size." if tied else
                "**It did not tie static**: the protocol favours one arm; read every comparison with that in mind.")]
 
 

@@ -92,7 +92,18 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float,
              catalogue_best: dict[str, float] | None = None) -> str:
     per_seed = [seed_figures(r) for r in results]
     load = [x for r in results for runs in r.runs.values() for run in runs for x in run.load]
+    every = [run for r in results for runs in r.runs.values() for run in runs]
+    calls = sum(run.model_calls for run in every)
+    agent = (f"a model behind an OpenAI-compatible endpoint ({calls:,} calls, "
+             f"{sum(run.prompt_tokens for run in every):,} prompt tokens by its `usage`)" if calls else
+             "the scripted agent (kope_mcp/bench/agent.py)")
+    done = {(run.seed, run.task_id) for run in every}
+    planned = sum(len(r.held_out) for r in results)
     lines = [f"# KOPE ablation on the CPU suite ({len(results)} seed(s), budget {budget} attempts per task)", "",
+             f"Agent on the held-out tasks: {agent}; the warm-up and the catalogue are the scripted agent's. "
+             + (f"**Partial run**: {len(done)} of {planned} (seed, held-out task) pairs finished so far "
+                "(`kope bench --resume DIR` goes on). " if len(done) < planned else ""),
+             "",
              f"Held-out tasks per seed: {len(results[0].held_out)}; warm-up tasks: {len(results[0].warmup)}; "
              f"wall time {wall_s / 60:.1f} min; 1-minute load average during attempts: median "
              f"{statistics.median(load) if load else 0:.2f}, max {max(load, default=0):.2f}.", "",

@@ -35,7 +35,8 @@ class Replay:
     """Serves /v1/chat/completions from a script of answers, status codes or (status, headers, body)."""
 
     def __init__(self, script: list) -> None:
-        self.script, self.requests = list(script), []
+        self.script = list(script)
+        self.requests: list[dict[str, Any]] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -49,6 +49,9 @@ def test_the_a_a_control_says_whether_it_tied_static():
     skewed = {"static": same["static"], "aa@8k": [run(f"t{i}", "aa@8k", [1.0, 1.0]) for i in range(6)]}
     text = "\n".join(aa_control(skewed, ("static", "aa@8k"), near_best({f"t{i}": 2.0 for i in range(6)}, 2)))
     assert "did not tie static" in text
+    few = {arm: runs[:2] for arm, runs in skewed.items()}
+    text = "\n".join(aa_control(few, ("static", "aa@8k"), near_best({f"t{i}": 2.0 for i in range(6)}, 2)))
+    assert "Too few pairs to judge" in text
 
 
 def test_the_judged_curve_follows_the_incumbent_through_the_judges_figures():
