@@ -33,6 +33,11 @@ AA_MIN_PAIRS = 5  # below this a bootstrap CI is too coarse to call the A/A eith
 ATTEMPTS_OF_INTEREST = 1.0  # the secondary metric's
 
 
+def min_pairs(comparisons: int) -> int:
+    """The fewest pairs with which a two-sided exact sign-flip test can reach alpha / comparisons."""
+    return math.ceil(math.log2(2 * max(1, comparisons) / ALPHA))
+
+
 def windows_of(policies: tuple[str, ...]) -> list[str]:
     return [arm.partition("@")[2] for arm in policies if arm.startswith("active@")]
 
@@ -48,6 +53,8 @@ def design_and_power(by_arm: dict[str, list[TaskRun]], policies: tuple[str, ...]
              f"sign-flip tests, Holm-corrected at alpha {ALPHA}; smallest effect of interest {EFFECT_OF_INTEREST:.3f} "
              "(a geomean incumbent 10% faster over the budget). Secondary: attempts to 90% of the best known "
              f"(effect of interest {ATTEMPTS_OF_INTEREST:.0f} attempt). The SDs below are this run's own.", "",
+             f"An exact sign-flip test cannot give p below 2 / 2^n: under Holm's strictest level "
+             f"({ALPHA} / {m}) no result is possible with fewer than {min_pairs(m)} pairs, whatever the effect.", "",
              "| window | pairs | SD of paired differences (primary) | minimum detectable (80% power) | pairs needed "
              "for 0.095 | SD (attempts to 90%) | minimum detectable (attempts) | pairs needed for 1 attempt |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]

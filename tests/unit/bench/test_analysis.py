@@ -35,6 +35,7 @@ def test_the_design_section_states_pairs_and_detectable_difference_before_any_re
               "passive@8k": [run(f"t{i}", "passive@8k", [1.0, 2.0]) for i in range(8)]}
     best = {f"t{i}": 4.0 for i in range(8)}
     lines = design_and_power(by_arm, ("passive@8k", "active@8k"), near_best(best, 2))
+    assert "fewer than 6 pairs" in "\n".join(lines)  # 2 / 2^6 <= 0.05 < 2 / 2^5
     row = next(line for line in lines if line.startswith("| 8k |"))
     assert row.split(" | ")[1] == "8"
     result = "\n".join(primary(by_arm, ("passive@8k", "active@8k")))
