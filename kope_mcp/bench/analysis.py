@@ -117,8 +117,9 @@ def aa_control(by_arm: dict[str, list[TaskRun]], policies: tuple[str, ...],
 def verdict_counts(by_arm: dict[str, list[TaskRun]], policies: tuple[str, ...]) -> list[str]:
     lines = ["## Verdicts met per arm", "",
              "Profiles the server flagged (a suspect or noisy result never replaces the incumbent; an unverified "
-             "timing measures nothing).", "", "| arm | profiles | suspect | noisy | timing unverified |",
-             "| --- | --- | --- | --- | --- |"]
+             "timing measures nothing). Suspect includes a speedup whose CI contains 1: no measurable change from "
+             "the naive baseline, the commonest reason.", "",
+             "| arm | profiles | suspect | noisy | timing unverified |", "| --- | --- | --- | --- | --- |"]
     for arm in policies:
         runs = by_arm.get(arm, [])
         if not runs:

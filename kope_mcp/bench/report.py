@@ -97,12 +97,14 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float,
     agent = (f"a model behind an OpenAI-compatible endpoint ({calls:,} calls, "
              f"{sum(run.prompt_tokens for run in every):,} prompt tokens by its `usage`)" if calls else
              "the scripted agent (kope_mcp/bench/agent.py)")
-    done = {(run.seed, run.task_id) for run in every}
-    planned = sum(len(r.held_out) for r in results)
+    unfinished = sorted({size for r in results for size, by_arm in (r.sized_runs or {"all": r.runs}).items()
+                         if any(len({run.task_id for run in runs}) < len(r.held_out) for arm, runs in by_arm.items()
+                                if arm not in ("none", "oracle")) or not by_arm},
+                        key=lambda size: (size == "all", int(size) if size.isdigit() else 0))
     lines = [f"# KOPE ablation on the CPU suite ({len(results)} seed(s), budget {budget} attempts per task)", "",
              f"Agent on the held-out tasks: {agent}; the warm-up and the catalogue are the scripted agent's. "
-             + (f"**Partial run**: {len(done)} of {planned} (seed, held-out task) pairs finished so far "
-                "(`kope bench --resume DIR` goes on). " if len(done) < planned else ""),
+             + (f"**Partial run**: not every held-out task is finished from the memory of size "
+                f"{', '.join(unfinished)} (`kope bench --resume DIR` goes on). " if unfinished else ""),
              "",
              f"Held-out tasks per seed: {len(results[0].held_out)}; warm-up tasks: {len(results[0].warmup)}; "
              f"wall time {wall_s / 60:.1f} min; 1-minute load average during attempts: median "

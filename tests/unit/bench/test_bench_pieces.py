@@ -115,3 +115,15 @@ def test_a_stopped_run_is_re_rendered_from_its_results_json(tmp_path, capsys):
     assert "budget 3 attempts" in text and "| 10 (10) |" in text and (tmp_path / "memory_curve.png").exists()
     assert kope_main(["bench", "--report", str(tmp_path / "nothing")]) == 2
     assert "holds no results.json" in capsys.readouterr().err
+
+
+def test_a_report_of_a_stopped_run_says_which_memory_sizes_are_unfinished():
+    arms = ("none", "active@8k")
+    full = {arm: [synthetic_run(t, arm, 0, [1.0, 2.0]) for t in ("t0", "t1")] for arm in arms}
+    cut = {"none": full["none"], "active@8k": [synthetic_run("t0", "active@8k", 0, [1.0, 2.0])]}
+    result = SeedResult(seed=0, warmup=["w"], held_out=["t0", "t1"], runs=full, sized_runs={"10": cut, "all": full},
+                        memory_attempts={"10": 10, "all": 50})
+    assert "**Partial run**: not every held-out task is finished from the memory of size 10 " in \
+        markdown([result], 2, 60.0, None, arms)
+    done = SeedResult(seed=0, warmup=["w"], held_out=["t0", "t1"], runs=full, sized_runs={"all": full})
+    assert "Partial run" not in markdown([done], 2, 60.0, None, arms)
