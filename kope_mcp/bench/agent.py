@@ -162,6 +162,13 @@ async def call_tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
     return result.structured_content
 
 
+async def read_history(client: Client) -> dict[str, Any]:
+    """The whole memory as data (resource kope://memory/history.json)."""
+    raw = "".join(getattr(c, "text", "") for c in (await client.read_resource("kope://memory/history.json")).contents)
+    history: dict[str, Any] = json.loads(raw)
+    return history
+
+
 def shuffled_history(history: dict[str, Any], rng: random.Random) -> tuple[str, list[dict[str, Any]]]:
     """The history's lines in a random order, each item's span moved with its line."""
     context: str = history["context"]
@@ -181,9 +188,7 @@ async def _read_memory(client: Client, policy: str, task_id: str, session_id: st
                        transcript: Transcript, rng: random.Random | None = None) -> None:
     """Put what the policy reads into the transcript (with its items); the window does the rest."""
     if policy in ("passive", "shuffled"):
-        raw = "".join(getattr(c, "text", "") for c in
-                      (await client.read_resource("kope://memory/history.json")).contents)
-        history = json.loads(raw)
+        history = await read_history(client)
         if policy == "shuffled":
             text, items = shuffled_history(history, rng or random.Random(0))
             transcript.add("user", text, items=items)

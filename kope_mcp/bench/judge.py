@@ -30,7 +30,6 @@ def kernel_key(source: str, flags: list[str]) -> str:
 @dataclass
 class Judgement:
     speedups: dict[str, float] = field(default_factory=dict)  # kernel key -> median re-profiled speedup
-    profiles: int = 0
     failed: list[str] = field(default_factory=list)  # keys none of whose re-profiles gave a speedup
 
 
@@ -55,7 +54,6 @@ async def judge_task(client: Client, task_id: str, runs: list[TaskRun], rounds: 
         for key in order[r % max(1, len(order)):] + order[:r % max(1, len(order))]:
             profile: dict[str, Any] = await call_tool(client, "profile_kernel", kernel_id=ids[key],
                                                       time_reference=False)
-            judgement.profiles += 1
             if not profile.get("failure") and profile.get("speedup_vs_baseline") is not None:
                 figures[key].append(float(profile["speedup_vs_baseline"]))
     for key in kernels:

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 from mcp import Client
 
-from kope_mcp.bench.agent import TaskRun, call_tool, parse_arm, shuffled_history
+from kope_mcp.bench.agent import TaskRun, call_tool, parse_arm, read_history, shuffled_history
 from kope_mcp.bench.llm import ContextTooLong, LlmSettings, Usage, chat, openai_tools, parse_arguments
 from kope_mcp.bench.transcript import Transcript
 from kope_mcp.memory.tokens import count_tokens
@@ -56,7 +56,6 @@ class _Episode:
         self.usage = Usage()
         self.kernels: dict[str, tuple[int, str, list[str]]] = {}  # kernel_id -> (attempt, source, flags)
         self.session_id: str | None = None
-        self.incumbent_id: str | None = None
         self.finished = False
 
     def compiled(self, args: dict[str, Any], result: dict[str, Any]) -> None:
@@ -97,7 +96,6 @@ class _Episode:
             run.best_speedup = speedup
             run.best_by_attempt[-1] = speedup
             run.kept.append([run.attempts, kernel[1], kernel[2]])
-            self.incumbent_id = str(result["kernel_id"])
         else:
             run.outcomes["correct"] = run.outcomes.get("correct", 0) + 1
 
@@ -122,7 +120,6 @@ async def run_llm_arm(client: Client, settings: LlmSettings, task_id: str, arm: 
         run.context_tokens += transcript.messages[-1].tokens
     episode = _Episode(run)
     rng = random.Random(f"{seed}/shuffle/{task_id}")
-    run.hardware = None
     for _ in range(settings.iterations):
         if episode.finished:
             break
@@ -164,9 +161,7 @@ async def run_llm_arm(client: Client, settings: LlmSettings, task_id: str, arm: 
 async def _read(client: Client, policy: str, task_id: str, session_id: str | None, budget: int,
                 rng: random.Random) -> tuple[str, list[dict[str, Any]]] | None:
     if policy in ("passive", "shuffled", "aa"):
-        raw = "".join(getattr(c, "text", "") for c in
-                      (await client.read_resource("kope://memory/history.json")).contents)
-        history = json.loads(raw)
+        history = await read_history(client)
         text = shuffled_history(history, rng)[0] if policy == "shuffled" else history["context"]
         return "Your whole experience memory (kope-mcp):\n" + text, []
     if policy == "active":

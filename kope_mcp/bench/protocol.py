@@ -16,7 +16,6 @@ incumbents in one interleaved pass (judge.py), and a stopped run resumes at the 
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,7 +26,7 @@ from typing import Any
 from mcp import Client
 from mcp.types import Implementation
 
-from kope_mcp.bench.agent import TaskRun, parse_arm, run_task, static_order
+from kope_mcp.bench.agent import TaskRun, parse_arm, read_history, run_task, static_order
 from kope_mcp.bench.catalogue import Catalogue, oracle_order
 from kope_mcp.bench.config import BenchConfig, Progress, SeedResult, one_core_warmup_tasks, plan, server_params
 from kope_mcp.bench.judge import judge_task
@@ -203,8 +202,7 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
 async def _static_order(home: Path, config: BenchConfig) -> list[str]:
     client_info = Implementation(name="bench-static", version="1")
     async with Client(server_params(home, config), client_info=client_info) as c:
-        raw = "".join(getattr(x, "text", "") for x in (await c.read_resource("kope://memory/history.json")).contents)
-    return static_order(json.loads(raw))
+        return static_order(await read_history(c))
 
 
 def to_json(results: list[SeedResult]) -> list[dict[str, object]]:
