@@ -122,7 +122,7 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
         elif not rec.teaches:
             continue  # a suspect or noisy measurement is never offered as what worked nor as what to avoid
         elif rec.label in ("negative", "ineffective"):
-            kind = "pitfall"  # measurably slower: the whole CI lies below 1 (outcome.label_for)
+            kind = "pitfall"  # measurably slower: the whole CI lies below 1/1.05 (outcome.label_for)
         elif rec.label in ("effective", "partial"):
             kind = "case"
         else:

@@ -5,10 +5,17 @@ from kope_mcp.memory.outcome import downstream, label_for, measurement_confidenc
 
 @pytest.mark.parametrize("ratio,label", [
     (1.05, "effective"), (2.0, "effective"), (1.0, "partial"), (1.049, "partial"),
-    (0.85, "ineffective"), (0.999, "ineffective"), (0.849, "negative"), (0.1, "negative"),
+    (0.85, "ineffective"), (0.95, "ineffective"), (0.96, "partial"), (0.999, "partial"), (0.849, "negative"),
+    (0.1, "negative"),
 ])
 def test_label_thresholds_follow_the_paper(ratio, label):
     assert label_for(True, True, ratio) == label
+
+
+def test_identical_work_measured_a_percent_slower_with_a_tight_ci_is_no_pitfall():
+    # The naive kernel against its own baseline, sampled until its CI is within 1.5%: 0.99x, CI 0.985-0.995.
+    assert label_for(True, True, 0.99, (0.985, 0.995)) == "partial"
+    assert label_for(True, True, 0.93, (0.90, 0.95)) == "ineffective"
 
 
 def test_incorrect_and_uncompiled_never_promote_whatever_the_ratio():
