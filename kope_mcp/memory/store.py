@@ -266,7 +266,7 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
                                "a.created_at DESC", limit)
 
     def best_attempts(self, limit: int) -> list[AttemptRecord]:
-        """The best effective attempts anywhere (a full scan; RetrievalIndex serves this once loaded)."""
+        """The best effective attempts anywhere (a full scan; the read index serves this)."""
         return self._summaries("MATCH (a:Attempt)", "a.label = 'effective' AND NOT a.suspect AND NOT a.noisy", {},
                                "a.downstream DESC", limit)
 
@@ -338,11 +338,21 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
         return fixes
 
     def attempt_summaries(self) -> Iterator[dict[str, Any]]:
-        """Every attempt without its source, as plain dicts (fast: no record validation), for RetrievalIndex."""
+        """Every attempt without its source, as plain dicts (fast: no record validation), for the read index."""
         for row in self._rows(f"MATCH (a:Attempt) RETURN {_SUMMARY_RETURN}"):
             for name in JSON_FIELDS:
                 row[name] = json.loads(row.get(name) or "[]")
             yield row
+
+    def lesson_pages(self) -> Iterator[list[tuple[LessonRecord, str]]]:
+        """Every lesson with its search text, a page at a time in the order written."""
+        for page in self.node_pages("Lesson"):
+            yield [(lesson_from_row(node), node.get("search_text") or "") for node in page]
+
+    def is_empty(self) -> bool:
+        """No attempt and no lesson yet."""
+        return not any(self._rows(f"MATCH (n:{table}) RETURN n.{key} AS i LIMIT 1")
+                       for table, key in (("Attempt", "kernel_id"), ("Lesson", "lesson_id")))
 
     def all_lessons(self) -> list[LessonRecord]:
         return [lesson_from_row(r["l"]) for r in self._rows("MATCH (l:Lesson) RETURN l ORDER BY l.created_at")]
@@ -388,7 +398,7 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
                                                     {"ids": lesson_ids})]
 
     def lessons_in_scope(self, task_id: str | None, family: str | None, limit: int) -> list[LessonRecord]:
-        """General lessons plus those about this task or family, newest first (a scan; see RetrievalIndex)."""
+        """General lessons plus those about this task or family, newest first (a scan; see read_index.py)."""
         return [lesson_from_row(r["l"]) for r in self._rows(
             "MATCH (l:Lesson) WHERE (l.task_id IS NULL AND l.family IS NULL) OR l.task_id = $t OR l.family = $f "
             f"RETURN l ORDER BY l.created_at DESC LIMIT {int(limit)}", {"t": task_id or "", "f": family or ""})]
@@ -406,22 +416,24 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
             {"k": kernel_id})]
 
     # --- text and vector search ----------------------------------------------------------------------------
-    def full_text(self, query: str, limit: int) -> list[tuple[str, str, float]]:
-        """BM25 over strategy names and lessons: (kind, id, score)."""
-        # Words only: the index's query parser reads `*` as a term every document matches (a pasted prototype's
-        # `float *` made one query ~330 ms at 50k lessons instead of ~15).
-        query = _NOT_WORD.sub(" ", query).strip()
-        if not query:
-            return []
+    def full_text(self, query: str, limit: int, lesson_query: str | None = None) -> list[tuple[str, str, float]]:
+        """BM25 over strategy names and lessons: (kind, id, score); lessons by ``lesson_query`` when given (the
+        question without the words too common to afford, terms.py)."""
         hits: list[tuple[str, str, float]] = []
         fetch = 2 * int(limit)
-        for table, index, key, kind in (("Strategy", "strategy_fts", "strategy_id", "strategy"),
-                                        ("Lesson", "lesson_fts", "lesson_id", "lesson")):
+        for table, index, key, kind, text in (("Strategy", "strategy_fts", "strategy_id", "strategy", query),
+                                              ("Lesson", "lesson_fts", "lesson_id", "lesson",
+                                               query if lesson_query is None else lesson_query)):
+            # Words only: the index's query parser reads `*` as a term every document matches (a pasted
+            # prototype's `float *` made one query ~330 ms at 50k lessons instead of ~15).
+            text = _NOT_WORD.sub(" ", text).strip()
+            if not text:
+                continue
             # top := k lets the index keep only the best k while it scores (the same hits and scores as ORDER BY
             # ... LIMIT k; a question matching 420k of a million lessons: 430 ms instead of 680).
             rows = self._rows(
                 f"CALL QUERY_FTS_INDEX('{table}', '{index}', $q, top := {fetch}) RETURN node.{key} AS id, score "
-                f"ORDER BY score DESC LIMIT {fetch}", {"q": query})
+                f"ORDER BY score DESC LIMIT {fetch}", {"q": text})
             found = sorted(((float(r["score"]), r["id"]) for r in rows), key=lambda h: (-h[0], h[1]))
             if len(found) == fetch:
                 # The LIMIT may have cut the lowest score's group anywhere (in insertion order): drop that group

@@ -77,7 +77,7 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
     for lesson in memory.scoped_lessons(state.task_id, state.family, state.hardware_key, limit, by=config.lessons_by):
         lessons[lesson.lesson_id] = lesson
         reasons.setdefault(lesson.lesson_id, []).append("scope match")
-    hits = memory.full_text(text_query, config.full_text_hits) if text_query.strip() else []
+    hits = memory.full_text(text_query, config.full_text_hits, config.full_text_postings) if text_query.strip() else []
     hits.sort(key=lambda h: (-h[2], h[1]))  # equal scores in id order, not in the order rows were inserted
     top_bm25 = max((score for _, _, score in hits), default=1.0) or 1.0
     bm25 = {item_id: score / top_bm25 for kind, item_id, score in hits if kind == "lesson"}

@@ -17,14 +17,15 @@ from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.diffs import short_diff
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, ratio_interval, step_ratio
+from kope_mcp.memory.read_index import ReadIndex, database_stamp
 from kope_mcp.memory.recent import RecentCache
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
-from kope_mcp.memory.retrieval_index import RetrievalIndex, summary_row
 from kope_mcp.memory.rows import got_further
 from kope_mcp.memory.schema import EMBEDDING_DIM
 from kope_mcp.memory.signature import compile_signature, failure_signature
 from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
+from kope_mcp.memory.terms import affordable_words, stems
 from kope_mcp.memory.vectors import VectorIndex
 from kope_mcp.models import ProfileReport, TestReport
 from kope_mcp.services.embedding_backlog import EmbeddingBacklog
@@ -59,16 +60,25 @@ class ExperienceMemory(MemoryTransfer):
         most of the machine's memory, taken as pages are read). Raises MemoryDamagedError, with what to do, when
         the database's log cannot be replayed (tried first in a child process: a damaged log can crash the
         opener)."""
+        stamp = database_stamp(path)  # before anything opens it: an open may replay and checkpoint
         check_opens(path)
-        return cls(KuzuExperienceStore(path, cache_bytes=cache_bytes), BackgroundEmbedder(embeddings, why_off=why_off))
+        return cls(KuzuExperienceStore(path, cache_bytes=cache_bytes), BackgroundEmbedder(embeddings, why_off=why_off),
+                   stamp=stamp)
 
-    def __init__(self, store: KuzuExperienceStore, embedder: BackgroundEmbedder) -> None:
+    def __init__(self, store: KuzuExperienceStore, embedder: BackgroundEmbedder, stamp: str | None = None,
+                 index: ReadIndex | None = None) -> None:
+        """``stamp``: the database file's :func:`database_stamp` before the store opened it (taken now if None),
+        which says whether the read index beside it can be trusted; ``index``: another read index than the file
+        beside the database (a private one, say)."""
         self.store = store
         self.embedder = embedder
         self.vectors = VectorIndex(EMBEDDING_DIM)
         self.embeddings = EmbeddingBacklog(store, embedder, self.vectors)
-        self.index = RetrievalIndex()
+        self.index = ReadIndex.beside(store.path) if index is None else index
+        self.index.attach(database_stamp(store.path) if stamp is None else stamp,
+                          database_empty=store.is_empty())
         self._loader: threading.Thread | None = None
+        self.started = False
         self._known_tasks: set[str] = set()
         self._known_hardware: set[str] = set()
         # Recording is read-modify-write (step ratio from the parent, downstream scores up the chain, the
@@ -83,25 +93,29 @@ class ExperienceMemory(MemoryTransfer):
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Load the read indexes, the vectors and the embedding model in the background; nothing here blocks."""
+        """Rebuild a stale read index, load the vectors and the embedding model, all in the background; nothing
+        here blocks."""
+        self.started = True
         self.embedder.start()
-        if self._loader is None:
+        if self._loader is None and not self.index.complete:
             self._loader = threading.Thread(target=self.load_index, name="kope-index-loader", daemon=True)
             self._loader.start()
         self.embeddings.start()
 
     def load_index(self) -> None:
-        self.index.load((summary_row(row) for row in self.store.attempt_summaries()), self.store.all_lessons())
+        """Fill the read index from the graph (it was stale: not closed cleanly after the database's last write)."""
+        log.info("rebuilding the memory's read index from the graph")
+        self.index.rebuild(self.store.attempt_summaries(), self.store.lesson_pages())
 
     @property
     def index_loading(self) -> bool:
-        """The in-memory index is being built (started, not finished)."""
-        return self._loader is not None and not self.index.loaded
+        """The read index is being rebuilt (started, not finished)."""
+        return self._loader is not None and not self.index.complete
 
     def wait_index(self, timeout: float = 120.0) -> bool:
         if self._loader is not None:
             self._loader.join(timeout)
-        return self.index.loaded
+        return self.index.complete
 
     def stop(self) -> None:
         self.embeddings.stop()
@@ -110,9 +124,11 @@ class ExperienceMemory(MemoryTransfer):
             self._loader = None
 
     def close(self) -> None:
-        """Checkpoint and release the database (after :meth:`stop`), once any write in progress has finished."""
+        """Checkpoint and release the database (after :meth:`stop`), once any write in progress has finished; the
+        read index is marked as matching it."""
         with self.write_lock:
             self.store.close()
+            self.index.close(database_stamp(self.store.path))
 
     # --- embeddings (the backlog lives in embedding_backlog.py) ------------------------------------------
     @property
@@ -316,13 +332,10 @@ class ExperienceMemory(MemoryTransfer):
         self.store.update_attempt(kernel_id, **fields)
         self.index.update_attempt(kernel_id, **fields)
 
-    def index_lesson(self, lesson: LessonRecord) -> None:
-        self.index.add_lesson(lesson)
-
     def add_lesson(self, lesson: LessonRecord, search_text: str) -> None:
         """Store a lesson (linked to its attempt, strategy, task), index it and queue its embedding."""
         self.store.add_lesson(lesson, search_text)
-        self.index_lesson(lesson)
+        self.index.add_lesson(lesson, search_text)
         self.enqueue_embedding("lesson", lesson.lesson_id, search_text)
 
     def name_strategy(self, kernel_id: str, strategy: StrategyRecord, name: str) -> None:
@@ -343,9 +356,16 @@ class ExperienceMemory(MemoryTransfer):
         return self.store.all_lessons()
 
     # --- search: BM25 over lessons and strategy names, cosine over embeddings ------------------------------
-    def full_text(self, query: str, limit: int) -> list[tuple[str, str, float]]:
-        """(kind, id, BM25 score) of strategies and lessons matching the words of ``query``."""
-        return self.store.full_text(query, limit)
+    def full_text(self, query: str, limit: int, postings_budget: int | None = None) -> list[tuple[str, str, float]]:
+        """(kind, id, BM25 score) of strategies and lessons matching the words of ``query``; lessons are searched
+        without the question's most common words once their postings pass ``postings_budget`` (terms.py)."""
+        lesson_query = query
+        if postings_budget is not None and self.index.complete:
+            lesson_query, dropped = affordable_words(query, self.index.document_frequency(stems(query)),
+                                                     postings_budget)
+            if dropped:
+                log.debug("full-text search without %s (over %d postings)", dropped, postings_budget)
+        return self.store.full_text(query, limit, lesson_query=lesson_query)
 
     def embed_question(self, text: str) -> list[float] | None:
         """The question's embedding, at once on this thread; None while semantic search is not ready."""
@@ -363,44 +383,44 @@ class ExperienceMemory(MemoryTransfer):
 
     # --- the read path: the in-memory index when loaded, the store's scans until then ------------------------
     def attempts_for_task(self, task_id: str, limit: int) -> list[AttemptRecord]:
-        if self.index.loaded:
+        if self.index.complete:
             return self.index.get(self.index.top_for_task(task_id, limit))
         return self.store.attempts_for_task(task_id, limit)
 
     def attempts_for_family(self, family: str, exclude_task: str | None, limit: int) -> list[AttemptRecord]:
-        if self.index.loaded:
+        if self.index.complete:
             return self.index.get(self.index.top_for_family(family, exclude_task, limit))
         return self.store.attempts_for_family(family, exclude_task, limit)
 
     def attempts_for_strategy(self, strategy_id: str, limit: int) -> list[AttemptRecord]:
-        if self.index.loaded:
+        if self.index.complete:
             return self.index.get(self.index.top_for_strategy(strategy_id, limit))
         return self.store.attempts_for_strategy(strategy_id, limit)
 
     def attempts_with_signature(self, signature: str, limit: int) -> list[AttemptRecord]:
-        if self.index.loaded:
+        if self.index.complete:
             return self.index.get(self.index.with_signature(signature, limit))
         return self.store.attempts_with_signature(signature, limit)
 
     def best_attempts(self, limit: int) -> list[AttemptRecord]:
-        if self.index.loaded:
+        if self.index.complete:
             return self.index.get(self.index.best(limit))
         return self.store.best_attempts(limit)
 
     def attempts_by_id(self, kernel_ids: list[str]) -> list[AttemptRecord]:
-        return self.index.get(kernel_ids) if self.index.loaded else self.store.attempts_by_id(kernel_ids)
+        return self.index.get(kernel_ids) if self.index.complete else self.store.attempts_by_id(kernel_ids)
 
     def lessons_by_id(self, lesson_ids: list[str]) -> list[LessonRecord]:
-        return self.index.lessons(lesson_ids) if self.index.loaded else self.store.lessons_by_id(lesson_ids)
+        return self.index.lessons(lesson_ids) if self.index.complete else self.store.lessons_by_id(lesson_ids)
 
     def lessons_about(self, kernel_ids: list[str]) -> list[LessonRecord]:
         """The lessons recorded on these attempts (an agent's account of how an error was fixed, say)."""
-        if self.index.loaded:
+        if self.index.complete:
             return self.index.lessons_about(kernel_ids)
         return self.store.lessons_for_attempts(kernel_ids)
 
     def latest_in_session(self, session_id: str) -> AttemptRecord | None:
-        if self.index.loaded:
+        if self.index.complete:
             latest = self.index.latest_in_session(session_id)
             return self.index.get([latest])[0] if latest else None
         return self.store.latest_in_session(session_id)
@@ -409,18 +429,17 @@ class ExperienceMemory(MemoryTransfer):
                        by: Literal["evidence", "recency"] = "evidence") -> list[LessonRecord]:
         if by == "recency":
             return self.store.lessons_in_scope(task_id, family, limit)
-        if self.index.loaded:
+        if self.index.complete:
             return self.index.lessons_in_scope(task_id, family, hardware, limit)
         # Until the index has loaded: the same choice, over what a bounded scan of the store returns.
-        scratch = RetrievalIndex()
-        for lesson in self.store.lessons_in_scope(task_id, family, 20 * limit):
-            scratch.add_lesson(lesson)
+        scratch = ReadIndex(None)
+        scratch.add_lessons([(lesson, "") for lesson in self.store.lessons_in_scope(task_id, family, 20 * limit)])
         return scratch.lessons_in_scope(task_id, family, hardware, limit)
 
     def fixes_of(self, failing: list[AttemptRecord]) -> dict[str, AttemptRecord]:
         """Error -> fix pairs: a PREV successor that got further, else the session's very next attempt (agents
         often fix an error without naming the failing kernel as the parent)."""
-        if not self.index.loaded:
+        if not self.index.complete:
             fixes = self.store.prev_fixes([f.kernel_id for f in failing])
             rest = [f.kernel_id for f in failing if f.kernel_id not in fixes]
             return {**self.store.session_next_fixes(rest), **fixes} if rest else fixes

@@ -6,7 +6,6 @@ one front door like every other service."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from kope_mcp.memory.rows import attempt_from_row, session_from_row
 
 if TYPE_CHECKING:
     from kope_mcp.memory.embedder import BackgroundEmbedder
-    from kope_mcp.memory.retrieval_index import RetrievalIndex
+    from kope_mcp.memory.read_index import ReadIndex
     from kope_mcp.memory.store import KuzuExperienceStore
     from kope_mcp.memory.vectors import VectorIndex
 
@@ -36,21 +35,20 @@ class MemoryStats(BaseModel):
 
 class MemoryTransfer:
     store: KuzuExperienceStore
-    index: RetrievalIndex
+    index: ReadIndex
     vectors: VectorIndex
     embedder: BackgroundEmbedder
 
-    _loader: threading.Thread | None
+    started: bool
 
-    def index_lesson(self, lesson: LessonRecord) -> None: ...  # ExperienceMemory's
     def forget_cached_strategies(self) -> None: ...  # ExperienceMemory's
 
     @property
     def indexes_live(self) -> bool:
-        """The in-memory indexes are built or being built (``start`` was called), so a write must reach them too;
-        before that, the load reads it from the store (a bulk import of a million lessons into a memory nobody
-        serves kept every one in Python as well: gigabytes)."""
-        return self._loader is not None
+        """The in-memory vectors are loaded or being loaded (``start`` was called), so a write must reach them too;
+        before that, the load reads them from the store (a bulk import into a memory nobody serves would keep them
+        all in Python as well). The read index is on disk and gets every write."""
+        return self.started
 
     def stats(self) -> MemoryStats:
         store = self.store
@@ -123,16 +121,14 @@ class MemoryTransfer:
                 return False
             record = AttemptRecord.model_validate(row)
             store.add_attempt(record)
-            if self.indexes_live:
-                self.index.upsert_attempt(record)
+            self.index.upsert_attempt(record)
         elif kind == "lesson":
             if store.has_node("Lesson", "lesson_id", row["lesson_id"]):
                 return False
             text = row.pop("search_text", "") or row.get("text", "")
             lesson = LessonRecord.model_validate(row)
             store.add_lesson(lesson, text)
-            if self.indexes_live:
-                self.index_lesson(lesson)
+            self.index.add_lesson(lesson, text)
         elif kind == "embedding":
             if store.has_node("Embedding", "id", row["id"]):
                 return False
@@ -151,9 +147,7 @@ class MemoryTransfer:
         """Write new lessons (with their search texts) at once: one statement and a COPY per edge table; the text
         index is rebuilt by :meth:`rebuild_text_index` once the whole import is in."""
         self.store.bulk_lessons(lessons, rebuild_text_index=False)
-        if self.indexes_live:
-            for lesson, _ in lessons:
-                self.index_lesson(lesson)
+        self.index.add_lessons(lessons)
 
     def rebuild_text_index(self) -> None:
         self.store.rebuild_text_index()

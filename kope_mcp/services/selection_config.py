@@ -55,6 +55,10 @@ class SelectionConfig(BaseModel):
     # --- candidates ---
     candidates_per_source: int = Field(60, description="Per graph filter (task, family, signature, scope).")
     full_text_hits: int = Field(100, description="Per BM25 index (strategies, lessons).")
+    full_text_postings: int | None = Field(
+        100_000, description="The lesson search leaves out the question's most common words once the lessons "
+        "holding its words pass this many (the search's cost grows with them: at 1M lessons p95 306 -> 60 ms, "
+        "memory/terms.py); None searches every word.")
     lessons_by: Literal["evidence", "recency"] = Field(
         "evidence", description="How scoped lessons become candidates: the strongest measured evidence for this "
         "hardware first, or the newest (the behaviour before issue 16).")

@@ -6,6 +6,7 @@ import pytest
 
 from kope_mcp.errors import UnknownKernelError, UnknownSessionError, UnknownTaskError
 from kope_mcp.memory.embedder import BackgroundEmbedder
+from kope_mcp.memory.read_index import ReadIndex
 from kope_mcp.memory.tokens import CalibratedCharCounter, count_tokens
 from kope_mcp.services.experience import EmptyLessonError, ExperienceService
 from kope_mcp.services.memory import ExperienceMemory
@@ -250,16 +251,19 @@ def test_export_then_import_into_an_empty_home_gives_the_same_graph_and_answers(
         assert after.context == before.context
 
 
-def test_the_in_memory_index_gives_the_same_answers_as_the_store_scans(world, workbench):
+def test_the_read_index_kept_by_writes_and_one_rebuilt_from_the_graph_give_the_store_scans_answers(world, workbench):
     ids, service = world
-    indexed = ExperienceMemory(workbench.store, BackgroundEmbedder(enabled=False))
-    indexed.load_index()
-    assert indexed.index.loaded and not workbench.memory.index.loaded
-    indexed_service = ExperienceService(indexed, workbench.tasks)
+    assert workbench.memory.index.complete  # kept by every write since the home was empty
+    scanning = ExperienceMemory(workbench.store, BackgroundEmbedder(enabled=False), index=ReadIndex(None))
+    rebuilt = ExperienceMemory(workbench.store, BackgroundEmbedder(enabled=False), index=ReadIndex(None))
+    assert not scanning.index.complete and not rebuilt.index.complete
+    rebuilt.load_index()
+    assert rebuilt.index.complete
     for kwargs in ({"task_id": "dot"}, {"task_id": "sum_reduce", "phase": "optimize"},
                    {"session_id": ids["session"]}, {"task_id": "softmax"}):
-        assert indexed_service.query_experience("faster", **kwargs).context == \
-            service.query_experience("faster", **kwargs).context
+        expected = ExperienceService(scanning, workbench.tasks).query_experience("faster", **kwargs).context
+        assert service.query_experience("faster", **kwargs).context == expected
+        assert ExperienceService(rebuilt, workbench.tasks).query_experience("faster", **kwargs).context == expected
 
 
 def test_import_merges_into_a_memory_with_its_own_experience_and_serves_it_as_cross_hardware_evidence(

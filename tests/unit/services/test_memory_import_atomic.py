@@ -14,6 +14,9 @@ import pytest
 
 from kope_mcp.memory.records import LessonRecord
 from kope_mcp.memory.store import KuzuExperienceStore
+from kope_mcp.memory.terms import stem, stems
+from kope_mcp.services import memory_admin
+from kope_mcp.services.memory import ExperienceMemory
 from kope_mcp.services.memory_admin import FORMAT, VERSION
 
 pytestmark = pytest.mark.slow  # subprocesses killed mid-import
@@ -42,6 +45,19 @@ def home_with_data(home: Path) -> int:
     return before
 
 
+def served(home: Path) -> int:
+    """Lessons whose words the read index counts once the memory has opened (rebuilding it if it was stale), and
+    checks that it serves them."""
+    memory = ExperienceMemory.open(home / "memory.kuzu", embeddings=False)
+    memory.start()
+    assert memory.wait_index(timeout=120)
+    counted = memory.index.document_frequency(stems("helped")).get(stem("helped"), 0)
+    assert len(memory.scoped_lessons("relu", "activation", None, 10)) == min(counted, 5)
+    memory.stop()
+    memory.close()
+    return counted
+
+
 def test_an_import_killed_part_way_leaves_the_home_as_it_was_and_a_rerun_imports_everything(tmp_path):
     export = tmp_path / "export.jsonl"
     write_export(export, 6000)
@@ -67,6 +83,7 @@ def test_an_import_killed_part_way_leaves_the_home_as_it_was_and_a_rerun_imports
         store.close()
         assert counts["Lesson"] in (0, 6000), (fraction, counts)  # nothing half-imported
         assert counts["Task"] == 1
+        assert served(home) == counts["Lesson"], fraction  # the read index agrees with the graph
         rerun = subprocess.run([sys.executable, "-m", "kope_mcp", "memory", "import", str(export)], timeout=600,
                                env={**env, "KOPE_HOME": str(home)}, capture_output=True, text=True)
         assert rerun.returncode == 0, rerun.stderr
@@ -75,7 +92,37 @@ def test_an_import_killed_part_way_leaves_the_home_as_it_was_and_a_rerun_imports
         linked = store._rows("MATCH (x:Lesson)-[:ABOUT]->(:Task) RETURN count(x) AS n")[0]["n"]
         store.close()
         assert counts["Lesson"] == 6000 and linked == 6000, (fraction, counts, linked)
+        assert served(home) == 6000
         assert [p.name for p in home.iterdir() if ".importing" in p.name] == []
+
+
+def test_an_import_killed_between_its_two_renames_leaves_an_index_that_is_rebuilt_from_the_graph(
+        tmp_path, monkeypatch):
+    export, earlier = tmp_path / "export.jsonl", tmp_path / "earlier.jsonl"
+    write_export(earlier, 30)
+    write_export(export, 50)  # the 30 and 20 more
+    home = tmp_path / "home"
+    home_with_data(home)
+    open_memory = lambda path: ExperienceMemory.open(path, embeddings=False)  # noqa: E731
+    memory_admin.import_into_copy(home / "memory.kuzu", earlier, open_memory)
+    renames: list[tuple[str, str]] = []
+    real_replace = os.replace
+
+    def killed_after_one(src: Path, dst: Path) -> None:
+        if renames:
+            raise KeyboardInterrupt  # the process ends here: the second rename never happens
+        renames.append((Path(src).name, Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(memory_admin.os, "replace", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        memory_admin.import_into_copy(home / "memory.kuzu", export, open_memory)
+    monkeypatch.undo()
+    assert renames == [("memory.kuzu.importing.index", "memory.kuzu.index")]  # the new index, the old graph
+    memory = ExperienceMemory.open(home / "memory.kuzu", embeddings=False)
+    assert not memory.index.complete  # its stamp names the imported file, not this one
+    memory.close()
+    assert served(home) == 30
 
 
 def test_an_import_holds_the_home_so_no_daemon_opens_the_memory_under_it(tmp_path):

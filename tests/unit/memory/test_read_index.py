@@ -1,0 +1,125 @@
+"""The read index beside the graph: trusted only when closed cleanly after the database's last write, ordered as
+the read path reads, and counting stems as the full-text index does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kope_mcp.memory.read_index import ReadIndex, database_stamp, hardware_rank
+from kope_mcp.memory.records import AttemptRecord, LessonRecord
+
+HERE = "x86_64/Intel Xeon/2c/avx2"
+GPU = "cuda/NVIDIA H100/sm_90"
+
+
+def attempt(kernel_id: str, *, task: str = "dot", family: str = "reduction", session: str = "s-1",
+            created: str = "2026-01-01T00:00:00", downstream: float = 0.0, label: str = "effective",
+            parent: str | None = None, signature: str | None = None, strategy_id: str | None = None,
+            suspect: bool = False) -> AttemptRecord:
+    return AttemptRecord(kernel_id=kernel_id, session_id=session, task_id=task, family=family, target="c", hardware_key=HERE,
+                         source="int f;", source_hash="h", build_hash="b", flags=[], ok=True, created_at=created,
+                         downstream=downstream, label=label, parent_id=parent, error_signature=signature,
+                         strategy_id=strategy_id, suspect=suspect)
+
+
+def lesson(lesson_id: str, *, task: str | None = "dot", family: str | None = "reduction", hardware: str | None = HERE,
+           speedup: float | None = None, label: str = "lesson", attempt_id: str | None = None) -> LessonRecord:
+    return LessonRecord(lesson_id=lesson_id, text=f"text of {lesson_id}", strategy="", task_id=task, family=family,
+                        hardware_key=hardware, speedup=speedup, label=label, confidence=0.9 if speedup else 0.3,
+                        verified=speedup is not None, attempt_id=attempt_id, created_at="2026-01-01T00:00:00")
+
+
+def test_an_index_is_trusted_only_after_a_clean_close_for_the_same_database_file(tmp_path: Path):
+    database = tmp_path / "memory.kuzu"
+    database.write_bytes(b"graph")
+    index = ReadIndex.beside(database)
+    assert not index.attach(database_stamp(database), database_empty=False)  # never closed: not trusted
+    index.add_lessons([(lesson("x-1"), "unrolled loops")])
+    index.close(database_stamp(database))  # incomplete: closing does not make it trusted
+    index = ReadIndex.beside(database)
+    assert not index.attach(database_stamp(database), database_empty=False)
+    assert index.lessons(["x-1"]) == []  # emptied
+    index = ReadIndex.beside(database)
+    assert index.attach(database_stamp(database), database_empty=True)  # an empty database: nothing to miss
+    index.add_lessons([(lesson("x-1"), "unrolled loops")])
+    index.close(database_stamp(database))
+    reopened = ReadIndex.beside(database)
+    assert reopened.attach(database_stamp(database), database_empty=False)
+    assert [x.lesson_id for x in reopened.lessons(["x-1"])] == ["x-1"]
+    reopened.close(database_stamp(database))
+    # Trusted once: a process that opened it and died makes it stale...
+    died = ReadIndex.beside(database)
+    assert died.attach(database_stamp(database), database_empty=False)
+    assert not ReadIndex.beside(database).attach(database_stamp(database), database_empty=False)
+
+
+def test_a_database_written_or_replaced_after_the_close_makes_the_index_stale(tmp_path: Path):
+    database = tmp_path / "memory.kuzu"
+    database.write_bytes(b"graph")
+    index = ReadIndex.beside(database)
+    index.attach(database_stamp(database), database_empty=True)
+    index.close(database_stamp(database))
+    database.write_bytes(b"graph written by someone else")
+    assert not ReadIndex.beside(database).attach(database_stamp(database), database_empty=False)
+
+
+def test_attempt_filters_return_the_best_first_by_downstream_then_time():
+    index = ReadIndex(None)
+    index.attach("", database_empty=True)
+    index.add_attempts([attempt("k-a", downstream=0.5, created="2026-01-01T00:00:01").__dict__,
+                        attempt("k-b", downstream=2.0, created="2026-01-01T00:00:02", parent="k-a").__dict__,
+                        attempt("k-c", downstream=0.5, created="2026-01-01T00:00:03", parent="k-a",
+                                signature="e1").__dict__,
+                        attempt("k-d", task="sum_reduce", downstream=9.0, created="2026-01-01T00:00:04",
+                                suspect=True, signature="e1", strategy_id="st-1").__dict__])
+    assert index.top_for_task("dot", 10) == ["k-b", "k-c", "k-a"]
+    assert index.top_for_task("dot", 1) == ["k-b"]
+    assert index.top_for_family("reduction", "dot", 10) == ["k-d"]
+    assert index.top_for_family("reduction", None, 2) == ["k-d", "k-b"]
+    assert index.with_signature("e1", 10) == ["k-d", "k-c"]
+    assert index.top_for_strategy("st-1", 10) == ["k-d"]
+    assert index.best(10) == ["k-b", "k-c", "k-a"]  # a suspect measurement is never among the best
+    assert index.children("k-a") == ["k-b", "k-c"]
+    assert index.next_in_session("k-a") == "k-b" and index.next_in_session("k-d") is None
+    assert index.latest_in_session("s-1") == "k-d"
+    index.update_attempt("k-a", downstream=5.0, label="ineffective")
+    assert index.top_for_task("dot", 1) == ["k-a"] and "k-a" not in index.best(10)
+    got = index.get(["k-c", "k-missing", "k-a"])
+    assert [a.kernel_id for a in got] == ["k-c", "k-a"] and got[1].downstream == 5.0 and got[1].source == ""
+
+
+def test_a_rebuild_keeps_what_a_write_put_there_meanwhile():
+    index = ReadIndex(None)
+    index.attach("", database_empty=False)
+    assert not index.complete
+    index.upsert_attempt(attempt("k-a", downstream=3.0))  # written during the rebuild: newer than the graph's copy
+    index.add_lessons([(lesson("x-1"), "tiling helps")])
+    index.rebuild([attempt("k-a", downstream=0.0).__dict__, attempt("k-b").__dict__],
+                  [[(lesson("x-1"), "tiling helps"), (lesson("x-2"), "tiling again")]])
+    assert index.complete
+    assert index.get(["k-a"])[0].downstream == 3.0 and index.get(["k-b"])
+    assert index.document_frequency(["tile", "help", "again"]) == {"tile": 2, "help": 1, "again": 1}
+
+
+def test_lessons_in_scope_take_this_machine_first_then_its_architecture_then_the_rest_by_evidence():
+    index = ReadIndex(None)
+    index.attach("", database_empty=True)
+    other_cpu = "x86_64/AMD EPYC/64c/avx512f"
+    index.add_lessons([(lesson("x-gpu", hardware=GPU, speedup=50.0, label="effective"), ""),
+                       (lesson("x-other", hardware=other_cpu, speedup=20.0, label="effective"), ""),
+                       (lesson("x-here-weak", hardware=HERE), ""),
+                       (lesson("x-here", hardware=HERE, speedup=3.0, label="effective"), ""),
+                       (lesson("x-general", task=None, family=None, hardware=None), "")])
+    picked = [x.lesson_id for x in index.lessons_in_scope("dot", "reduction", HERE, 4)]
+    assert picked[:2] == ["x-here", "x-here-weak"] and "x-gpu" not in picked and "x-general" in picked
+    assert [x.lesson_id for x in index.lessons_in_scope("dot", "reduction", GPU, 2)][0] == "x-gpu"
+    assert hardware_rank(HERE, HERE) == 3 and hardware_rank(other_cpu, HERE) == 2 and hardware_rank(GPU, HERE) == 0
+
+
+def test_a_lesson_written_twice_counts_its_words_once():
+    index = ReadIndex(None)
+    index.attach("", database_empty=True)
+    index.add_lessons([(lesson("x-1"), "Vectorised loops, vectorised again")])
+    index.add_lessons([(lesson("x-1"), "Vectorised loops, vectorised again"), (lesson("x-2"), "loop")])
+    assert index.document_frequency(["vectoris", "loop", "again", "absent"]) == {"vectoris": 1, "loop": 2,
+                                                                                  "again": 1}
