@@ -204,3 +204,15 @@ def peak_gflops(profile: HardwareProfile, threads: int) -> float:
     """
     lanes = 16 if "avx512f" in profile.isa else 8 if "avx" in profile.isa else 4
     return threads * 5.0 * lanes * 2 * 2
+
+
+def hardware_rank(key: str | None, wanted: str | None) -> int:
+    """3: the same machine (or knowledge for any); 2: the same architecture and kind; 1: the same kind of device
+    (a CPU for a CPU); 0: another kind (a GPU result for a CPU question). Keys look like
+    ``x86_64/AMD EPYC/2c/avx512f`` and ``cuda/NVIDIA H100/sm_90``."""
+    if key is None or wanted is None or key == wanted:
+        return 3
+    mine, theirs = key.split("/", 1)[0], wanted.split("/", 1)[0]
+    if mine == theirs:
+        return 2
+    return 1 if (mine == "cuda") == (theirs == "cuda") else 0

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kope_mcp.hardware import hardware_rank
 from kope_mcp.memory.outcome import lesson_evidence
 from kope_mcp.memory.records import AttemptRecord, LessonRecord
 from kope_mcp.memory.terms import stems
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS lesson(
 CREATE TABLE IF NOT EXISTS scope(kind TEXT, name TEXT, hardware_key TEXT, PRIMARY KEY(kind, name, hardware_key))
     WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS term(stem TEXT PRIMARY KEY, df INTEGER) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS vector(pos INTEGER PRIMARY KEY, item_id TEXT NOT NULL UNIQUE, kind TEXT);
 """
 # Rows are appended (rowid tables: a lesson's JSON is ~600 bytes) and found through these, each in the order the
 # read path reads: the top k of a filter is the first k entries of one index range.
@@ -125,6 +127,7 @@ class ReadIndex:
         self._conn.execute("PRAGMA temp_store=MEMORY")
         self._conn.executescript(_TABLES + _INDEXES)
         self._complete = threading.Event()
+        self.vectors_trusted = False
         self._closed = False
         self._indexes_deferred = False
 
@@ -146,8 +149,12 @@ class ReadIndex:
         with self._lock:
             meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
             trusted = meta.get("clean") == "1" and meta.get("stamp") == stamp
+            # The vectors are complete only if a server with semantic search kept them (vectors.py).
+            self.vectors_trusted = (trusted and meta.get("vectors") == "1") or database_empty
             if not trusted:
                 self._clear()
+            elif not self.vectors_trusted:
+                self.clear_vectors()
             self._set_meta(clean="0")
             if trusted or database_empty:
                 self._complete.set()
@@ -166,8 +173,9 @@ class ReadIndex:
                     self._conn.execute(f"DROP INDEX IF EXISTS {name}")
                 self._indexes_deferred = True
 
-    def close(self, stamp: str) -> None:
-        """Mark the index clean for the database whose stamp (after its close) is ``stamp``, when it is complete."""
+    def close(self, stamp: str, vectors_complete: bool = False) -> None:
+        """Mark the index clean for the database whose stamp (after its close) is ``stamp``, when it is complete,
+        and its vectors as complete when ``vectors_complete``."""
         with self._lock:
             if self._closed:
                 return
@@ -175,7 +183,7 @@ class ReadIndex:
             if self._indexes_deferred:
                 self._conn.executescript(_INDEXES)
             if self.complete:
-                self._set_meta(clean="1", stamp=stamp)
+                self._set_meta(clean="1", stamp=stamp, vectors="1" if vectors_complete else "0")
             if self.path is not None:
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._conn.close()
@@ -196,7 +204,7 @@ class ReadIndex:
 
     def _clear(self) -> None:
         with self._transaction() as conn:
-            for table in ("attempt", "lesson", "scope", "term"):
+            for table in ("attempt", "lesson", "scope", "term", "vector"):
                 conn.execute(f"DELETE FROM {table}")
 
     def rebuild(self, attempts: Iterable[dict[str, Any]], lessons: Iterable[list[tuple[LessonRecord, str]]]) -> None:
@@ -212,6 +220,34 @@ class ReadIndex:
         for page in lessons:
             self.add_lessons(page)
         self._complete.set()
+
+    # --- vectors: which row of the vector file is which item ----------------------------------------------
+    def clear_vectors(self) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM vector")
+
+    def vector_count(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT max(pos) FROM vector").fetchone()
+            return 0 if row[0] is None else int(row[0]) + 1
+
+    def vector_positions(self, item_ids: list[str]) -> dict[str, int]:
+        with self._lock:
+            return dict(self._rows_by_id("vector", "item_id", "pos", item_ids))
+
+    def vector_items(self, positions: list[int]) -> dict[int, tuple[str, str]]:
+        with self._lock:
+            return {r[0]: (r[1], r[2]) for start in range(0, len(positions), 500) for r in self._conn.execute(
+                "SELECT pos, item_id, kind FROM vector WHERE pos IN "
+                f"({', '.join('?' * len(positions[start:start + 500]))})", positions[start:start + 500])}
+
+    def add_vector_items(self, rows: list[tuple[int, str, str]]) -> None:
+        with self._transaction() as conn:
+            conn.executemany("INSERT INTO vector VALUES (?, ?, ?)", rows)
+
+    def vector_ids(self) -> set[str]:
+        with self._lock:
+            return {r[0] for r in self._conn.execute("SELECT item_id FROM vector")}
 
     # --- writes --------------------------------------------------------------------------------------------
     def upsert_attempt(self, record: AttemptRecord) -> None:
@@ -324,7 +360,7 @@ class ReadIndex:
             found = dict(self._rows_by_id("lesson", "lesson_id", "record", ids))
         return [LessonRecord.model_validate_json(found[i]) for i in ids if i in found]
 
-    def _rows_by_id(self, table: str, key: str, column: str, ids: list[str]) -> Iterator[tuple[str, str]]:
+    def _rows_by_id(self, table: str, key: str, column: str, ids: list[str]) -> Iterator[tuple[Any, Any]]:
         for start in range(0, len(ids), 500):
             chunk = ids[start:start + 500]
             yield from self._conn.execute(
@@ -384,15 +420,3 @@ class ReadIndex:
                 if taken >= share:
                     break
         return self.lessons(picked)
-
-
-def hardware_rank(key: str | None, wanted: str | None) -> int:
-    """3: the same machine (or knowledge for any); 2: the same architecture and kind; 1: the same kind of device
-    (a CPU for a CPU); 0: another kind (a GPU result for a CPU question). Keys look like
-    ``x86_64/AMD EPYC/2c/avx512f`` and ``cuda/NVIDIA H100/sm_90``."""
-    if key is None or wanted is None or key == wanted:
-        return 3
-    mine, theirs = key.split("/", 1)[0], wanted.split("/", 1)[0]
-    if mine == theirs:
-        return 2
-    return 1 if (mine == "cuda") == (theirs == "cuda") else 0

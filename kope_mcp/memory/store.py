@@ -350,9 +350,10 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
             yield [(lesson_from_row(node), node.get("search_text") or "") for node in page]
 
     def is_empty(self) -> bool:
-        """No attempt and no lesson yet."""
+        """No attempt, lesson, strategy or embedding yet."""
         return not any(self._rows(f"MATCH (n:{table}) RETURN n.{key} AS i LIMIT 1")
-                       for table, key in (("Attempt", "kernel_id"), ("Lesson", "lesson_id")))
+                       for table, key in (("Attempt", "kernel_id"), ("Lesson", "lesson_id"),
+                                          ("Strategy", "strategy_id"), ("Embedding", "id")))
 
     def all_lessons(self) -> list[LessonRecord]:
         return [lesson_from_row(r["l"]) for r in self._rows("MATCH (l:Lesson) RETURN l ORDER BY l.created_at")]
@@ -446,9 +447,10 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
         self._exec("MERGE (e:Embedding {id: $i}) SET e.kind = $k, e.model = $m, e.vector = $v",
                    {"i": item_id, "k": kind, "m": model, "v": vector})
 
-    def embeddings(self) -> Iterator[tuple[str, str, list[float]]]:
-        for row in self._rows("MATCH (e:Embedding) RETURN e.id AS i, e.kind AS k, e.vector AS v"):
-            yield row["i"], row["k"], row["v"]
+    def embedding_pages(self) -> Iterator[list[tuple[str, str, list[float]]]]:
+        """Every stored (id, kind, vector), a page at a time (all at once, a million were ~12 GB of Python)."""
+        for page in self.node_pages("Embedding", page=5_000):
+            yield [(node["id"], node["kind"], node["vector"]) for node in page]
 
     _EMBEDDABLE = (("Attempt", "kernel_id", "search_text", "attempt"), ("Lesson", "lesson_id", "search_text", "lesson"),
                    ("Strategy", "strategy_id", "name", "strategy"))

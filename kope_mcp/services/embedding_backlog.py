@@ -1,6 +1,6 @@
 """The embedding backlog: every stored item gets its vector in the background (one single-thread worker per
 core, a writer that stores vectors by COPYs), while questions keep being answered; stored vectors are loaded
-into the in-memory index at start."""
+into the vector file at start when it does not hold them (vectors.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ class EmbeddingBacklog:
         self.store = store
         self.embedder = embedder
         self.vectors = vectors
-        self._vectors_loaded = threading.Event()
         self._stopping = threading.Event()
         self._backlog_queued = threading.Event()
         self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
@@ -48,18 +47,23 @@ class EmbeddingBacklog:
             self._worker = None
 
     def load_vectors(self) -> None:
-        """Stored embeddings into the in-memory index (seconds for 100k items: never on the handshake path)."""
-        for item_id, kind, vector in self.store.embeddings():
-            self.vectors.add(item_id, kind, vector)
-        self._vectors_loaded.set()
+        """Stored embeddings into the vector file when it does not hold them all (never on the handshake path);
+        else read it once, so the first question does not wait for the disk."""
+        if self.vectors.loaded.is_set():
+            self.vectors.warm()
+            return
+        self.vectors.clear()
+        for page in self.store.embedding_pages():
+            self.vectors.add_many(page)
+        self.vectors.loaded.set()
 
     @property
     def semantic_ready(self) -> bool:
-        return self.embedder.available and self._vectors_loaded.is_set()
+        return self.embedder.available and self.vectors.loaded.is_set()
 
     @property
     def semantic_status(self) -> str:
-        if self.embedder.available and not self._vectors_loaded.is_set():
+        if self.embedder.available and not self.vectors.loaded.is_set():
             return "loading stored embeddings"
         return self.embedder.status
 
@@ -139,8 +143,7 @@ class EmbeddingBacklog:
                 job, idle = None, True  # no batch for a while: the backlog is done or trickling
             if job is not None:
                 count, rows = count + job[0], rows + job[1]
-                for item_id, kind, _, vector in job[1]:
-                    self.vectors.add(item_id, kind, vector)
+                self.vectors.add_many([(item_id, kind, vector) for item_id, kind, _, vector in job[1]])
             stopping = job is None and not idle
             if rows and (stopping or idle or len(rows) >= WRITE_ROWS):
                 self._store_vectors(count, rows)
@@ -161,7 +164,7 @@ class EmbeddingBacklog:
         """Wait until stored vectors are loaded and queued embeddings written (tests and benchmarks)."""
         if not self.embedder.wait(timeout) or self._worker is None:
             return
-        self._vectors_loaded.wait(timeout)
+        self.vectors.loaded.wait(timeout)
         self._backlog_queued.wait(timeout)
         done = threading.Event()
         def join_then_signal() -> None:

@@ -17,6 +17,7 @@ from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.diffs import short_diff
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, ratio_interval, step_ratio
+from kope_mcp.memory.read_index import SUFFIX as INDEX_SUFFIX
 from kope_mcp.memory.read_index import ReadIndex, database_stamp
 from kope_mcp.memory.recent import RecentCache
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
@@ -26,6 +27,7 @@ from kope_mcp.memory.signature import compile_signature, failure_signature
 from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
 from kope_mcp.memory.terms import affordable_words, stems
+from kope_mcp.memory.vectors import SUFFIX as VECTORS_SUFFIX
 from kope_mcp.memory.vectors import VectorIndex
 from kope_mcp.models import ProfileReport, TestReport
 from kope_mcp.services.embedding_backlog import EmbeddingBacklog
@@ -34,6 +36,9 @@ from kope_mcp.services.memory_transfer import MemoryTransfer
 from kope_mcp.tasks.loader import Task
 
 log = logging.getLogger(__name__)
+
+# Files beside the database, derived from it (the read index, the vector file): they travel with it.
+SIDECARS = (INDEX_SUFFIX, VECTORS_SUFFIX)
 
 
 def new_id(prefix: str) -> str:
@@ -72,13 +77,14 @@ class ExperienceMemory(MemoryTransfer):
         beside the database (a private one, say)."""
         self.store = store
         self.embedder = embedder
-        self.vectors = VectorIndex(EMBEDDING_DIM)
-        self.embeddings = EmbeddingBacklog(store, embedder, self.vectors)
+        beside = index is None
         self.index = ReadIndex.beside(store.path) if index is None else index
         self.index.attach(database_stamp(store.path) if stamp is None else stamp,
                           database_empty=store.is_empty())
+        self.vectors = (VectorIndex.beside(EMBEDDING_DIM, self.index, store.path) if beside
+                        else VectorIndex(EMBEDDING_DIM, self.index))
+        self.embeddings = EmbeddingBacklog(store, embedder, self.vectors)
         self._loader: threading.Thread | None = None
-        self.started = False
         self._known_tasks: set[str] = set()
         self._known_hardware: set[str] = set()
         # Recording is read-modify-write (step ratio from the parent, downstream scores up the chain, the
@@ -95,7 +101,6 @@ class ExperienceMemory(MemoryTransfer):
     def start(self) -> None:
         """Rebuild a stale read index, load the vectors and the embedding model, all in the background; nothing
         here blocks."""
-        self.started = True
         self.embedder.start()
         if self._loader is None and not self.index.complete:
             self._loader = threading.Thread(target=self.load_index, name="kope-index-loader", daemon=True)
@@ -128,7 +133,7 @@ class ExperienceMemory(MemoryTransfer):
         read index is marked as matching it."""
         with self.write_lock:
             self.store.close()
-            self.index.close(database_stamp(self.store.path))
+            self.index.close(database_stamp(self.store.path), vectors_complete=self.vectors.loaded.is_set())
 
     # --- embeddings (the backlog lives in embedding_backlog.py) ------------------------------------------
     @property

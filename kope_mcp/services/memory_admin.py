@@ -30,9 +30,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from kope_mcp.errors import KopeError
-from kope_mcp.memory.read_index import SUFFIX as INDEX_SUFFIX
 from kope_mcp.memory.records import LessonRecord
-from kope_mcp.services.memory import ExperienceMemory, now
+from kope_mcp.services.memory import SIDECARS, ExperienceMemory, now
 from kope_mcp.services.memory_transfer import MemoryStats
 
 FORMAT = "kope-memory"
@@ -115,15 +114,18 @@ def import_into_copy(memory_path: Path, export: Path,
     staging copy the next import removes; an export that turns out invalid half-way adds nothing either. The
     caller must own the home (no server on it) and must have closed its own store on ``memory_path``."""
     staging = memory_path.with_name(memory_path.name + STAGING_SUFFIX)
-    index, staging_index = (p.with_name(p.name + INDEX_SUFFIX) for p in (memory_path, staging))
+    # The read index and the vector file beside the database go with it (the index's stamp names the database).
+    sidecars = [(p.with_name(p.name + suffix), p.with_name(p.name + STAGING_SUFFIX + suffix))
+                for suffix in SIDECARS for p in (memory_path,)]
     remove_staging(memory_path)
     if memory_path.exists():
         # copy2 keeps the modification times the read index's stamp names: a trusted index stays trusted.
         shutil.copy2(memory_path, staging)
-        if index.exists():
-            shutil.copy2(index, staging_index)
+        for current, copy in sidecars:
+            if current.exists():
+                shutil.copy2(current, copy)
     memory = open_memory(staging)
-    memory.index.bulk()
+    memory.prepare_bulk()
     try:
         report = import_memory(memory, export, home_id)
     except BaseException:
@@ -131,16 +133,20 @@ def import_into_copy(memory_path: Path, export: Path,
         remove_staging(memory_path)
         raise
     memory.close()
-    leftovers = [p for p in staging.parent.glob(staging.name + "*") if p not in (staging, staging_index)]
+    leftovers = [p for p in staging.parent.glob(staging.name + "*")
+                 if p != staging and p not in {copy for _, copy in sidecars}]
     if leftovers:  # a clean close leaves the database file and its index alone; else the copy is not whole
         remove_staging(memory_path)
         raise OSError(f"the imported copy did not close cleanly ({', '.join(p.name for p in leftovers)}); the "
                       "memory is unchanged")
-    _fsync(staging)
-    _fsync(staging_index)
-    # Killed between the two renames, the index in place names another database file than the one in place (its
-    # stamp), so it is rebuilt from the graph at the next start: either order is safe.
-    os.replace(staging_index, index)
+    for path in (staging, *(copy for _, copy in sidecars)):
+        if path.exists():
+            _fsync(path)
+    # Killed between these renames, the index in place names another database file than the one in place (its
+    # stamp), so it and the vectors are rebuilt from the graph at the next start: any order is safe.
+    for current, copy in sidecars:
+        if copy.exists():
+            os.replace(copy, current)
     os.replace(staging, memory_path)
     _fsync(memory_path.parent)
     return report

@@ -3,8 +3,8 @@ question and the state, times what was measured, times the phase's and the hardw
 
 from __future__ import annotations
 
+from kope_mcp.hardware import hardware_rank
 from kope_mcp.memory.outcome import gain_factor
-from kope_mcp.memory.read_index import hardware_rank
 from kope_mcp.memory.records import LessonRecord
 from kope_mcp.services.candidates import Candidate, QueryState
 from kope_mcp.services.selection_config import SelectionConfig

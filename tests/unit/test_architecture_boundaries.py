@@ -127,9 +127,10 @@ def test_the_cycle_check_finds_a_loop_through_a_lazy_import(tmp_path):
 # The memory's one front door: only ExperienceMemory (and the parts it is built from) touches its store, its
 # embedder and its vectors; every other module reaches them through it.
 MEMORY_INSIDES = ("kope_mcp.memory.store", "kope_mcp.memory.embedder", "kope_mcp.memory.vectors",
-                  "kope_mcp.memory.bulk", "kope_mcp.memory.journal")
+                  "kope_mcp.memory.bulk", "kope_mcp.memory.journal", "kope_mcp.memory.read_index")
 FRONT_DOOR = {"services/memory.py", "services/memory_transfer.py", "services/embedding_backlog.py",
-              "memory/store.py", "memory/bulk.py", "memory/journal.py", "memory/embedder.py", "memory/vectors.py"}
+              "memory/store.py", "memory/bulk.py", "memory/journal.py", "memory/embedder.py", "memory/vectors.py",
+              "memory/read_index.py"}
 
 
 def test_only_the_memorys_front_door_touches_its_store_embedder_and_vectors():

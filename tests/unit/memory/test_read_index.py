@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kope_mcp.memory.read_index import ReadIndex, database_stamp, hardware_rank
+from kope_mcp.hardware import hardware_rank
+from kope_mcp.memory.read_index import ReadIndex, database_stamp
 from kope_mcp.memory.records import AttemptRecord, LessonRecord
 
 HERE = "x86_64/Intel Xeon/2c/avx2"
@@ -16,10 +17,10 @@ def attempt(kernel_id: str, *, task: str = "dot", family: str = "reduction", ses
             created: str = "2026-01-01T00:00:00", downstream: float = 0.0, label: str = "effective",
             parent: str | None = None, signature: str | None = None, strategy_id: str | None = None,
             suspect: bool = False) -> AttemptRecord:
-    return AttemptRecord(kernel_id=kernel_id, session_id=session, task_id=task, family=family, target="c", hardware_key=HERE,
-                         source="int f;", source_hash="h", build_hash="b", flags=[], ok=True, created_at=created,
-                         downstream=downstream, label=label, parent_id=parent, error_signature=signature,
-                         strategy_id=strategy_id, suspect=suspect)
+    return AttemptRecord(kernel_id=kernel_id, session_id=session, task_id=task, family=family, target="c",
+                         hardware_key=HERE, source="int f;", source_hash="h", build_hash="b", flags=[], ok=True,
+                         created_at=created, downstream=downstream, label=label, parent_id=parent,
+                         error_signature=signature, strategy_id=strategy_id, suspect=suspect)
 
 
 def lesson(lesson_id: str, *, task: str | None = "dot", family: str | None = "reduction", hardware: str | None = HERE,
@@ -112,7 +113,7 @@ def test_lessons_in_scope_take_this_machine_first_then_its_architecture_then_the
                        (lesson("x-general", task=None, family=None, hardware=None), "")])
     picked = [x.lesson_id for x in index.lessons_in_scope("dot", "reduction", HERE, 4)]
     assert picked[:2] == ["x-here", "x-here-weak"] and "x-gpu" not in picked and "x-general" in picked
-    assert [x.lesson_id for x in index.lessons_in_scope("dot", "reduction", GPU, 2)][0] == "x-gpu"
+    assert index.lessons_in_scope("dot", "reduction", GPU, 2)[0].lesson_id == "x-gpu"
     assert hardware_rank(HERE, HERE) == 3 and hardware_rank(other_cpu, HERE) == 2 and hardware_rank(GPU, HERE) == 0
 
 

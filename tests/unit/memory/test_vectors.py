@@ -1,0 +1,72 @@
+"""The vector file beside the graph: searched in place, kept across a clean close, emptied when not trusted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kope_mcp.memory.read_index import ReadIndex, database_stamp
+from kope_mcp.memory.vectors import VectorIndex
+
+
+def unit(*values: float) -> list[float]:
+    v = np.asarray(values, dtype=np.float32)
+    return (v / np.linalg.norm(v)).tolist()
+
+
+def open_index(database: Path, empty: bool = False) -> tuple[ReadIndex, VectorIndex]:
+    index = ReadIndex.beside(database)
+    index.attach(database_stamp(database), database_empty=empty)
+    return index, VectorIndex.beside(3, index, database)
+
+
+def test_search_ranks_by_cosine_and_a_second_vector_for_an_item_replaces_its_first(tmp_path: Path):
+    database = tmp_path / "memory.kuzu"
+    database.write_bytes(b"graph")
+    _, vectors = open_index(database, empty=True)
+    vectors.add_many([("x-1", "lesson", unit(1, 0, 0)), ("x-2", "lesson", unit(0, 1, 0)),
+                      ("k-1", "attempt", unit(1, 1, 0))])
+    assert [hit[0] for hit in vectors.search(unit(1, 0.1, 0), 3)] == ["x-1", "k-1", "x-2"]
+    vectors.add("x-2", "lesson", unit(1, 0, 0.01))  # re-embedded: the same row, a new vector
+    hits = vectors.search(unit(1, 0, 0), 2)
+    assert {hit[0] for hit in hits} == {"x-1", "x-2"} and hits[0][2] > 0.99 and len(vectors) == 3
+    assert np.allclose(vectors.vector("x-2"), unit(1, 0, 0.01)) and vectors.vector("x-9") is None
+    assert vectors.ids() == {"x-1", "x-2", "k-1"}
+
+
+def test_vectors_survive_a_clean_close_only_when_they_were_complete(tmp_path: Path):
+    database = tmp_path / "memory.kuzu"
+    database.write_bytes(b"graph")
+    index, vectors = open_index(database, empty=True)
+    assert vectors.loaded.is_set()  # an empty database has no vector to miss
+    vectors.add("x-1", "lesson", unit(1, 0, 0))
+    index.close(database_stamp(database), vectors_complete=True)
+    index, vectors = open_index(database)
+    assert vectors.loaded.is_set() and [h[0] for h in vectors.search(unit(1, 0, 0), 1)] == ["x-1"]
+    index.close(database_stamp(database), vectors_complete=False)  # e.g. served with embeddings off
+    index, vectors = open_index(database)
+    assert index.complete and not vectors.loaded.is_set() and len(vectors) == 0
+    assert (tmp_path / "memory.kuzu.vectors").stat().st_size == 0
+
+
+def test_a_row_written_without_its_name_is_cut_at_the_next_open(tmp_path: Path):
+    database = tmp_path / "memory.kuzu"
+    database.write_bytes(b"graph")
+    index, vectors = open_index(database, empty=True)
+    vectors.add("x-1", "lesson", unit(1, 0, 0))
+    index.close(database_stamp(database), vectors_complete=True)
+    with (tmp_path / "memory.kuzu.vectors").open("ab") as fh:
+        fh.write(np.asarray(unit(0, 1, 0), dtype=np.float32).tobytes()[:7])  # a torn append
+    _, vectors = open_index(database)
+    assert (tmp_path / "memory.kuzu.vectors").stat().st_size == 12 and len(vectors) == 1
+    vectors.add("x-2", "lesson", unit(0, 1, 0))
+    assert [h[0] for h in vectors.search(unit(0, 1, 0), 1)] == ["x-2"]
+
+
+def test_a_private_index_keeps_its_vectors_in_memory():
+    index = ReadIndex(None)
+    index.attach("", database_empty=True)
+    vectors = VectorIndex(3, index)
+    vectors.add_many([(f"x-{i}", "lesson", unit(1, i, 0)) for i in range(100)])
+    assert len(vectors) == 100 and vectors.search(unit(1, 0, 0), 1)[0][0] == "x-0"
