@@ -463,7 +463,12 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
         for table, key, text, kind in self._EMBEDDABLE:
             ids = [r["i"] for r in self._rows(f"MATCH (n:{table}) RETURN n.{key} AS i")]
             missing = [i for i in ids if i not in embedded]
-            if missing:
+            if len(missing) > len(ids) // 4:
+                # Most of the table (an import nobody embedded yet): read it by pages rather than pass a million
+                # ids as one parameter.
+                out += [(kind, node[key], node.get(text) or "") for page in self.node_pages(table)
+                        for node in page if node[key] not in embedded]
+            elif missing:
                 out += [(kind, r["i"], r["t"] or "") for r in self._rows(
                     f"UNWIND $ids AS x MATCH (n:{table} {{{key}: x}}) RETURN n.{key} AS i, n.{text} AS t",
                     {"ids": missing})]

@@ -73,6 +73,9 @@ class EmbeddingBacklog:
         if not self.embedder.available:
             return 0  # the worker queues the backlog itself once the model has loaded
         items = self.store.unembedded(self.vectors.ids())
+        # Identical texts side by side: a batch embeds each once (a team's memory repeats itself: the generated
+        # one of tools/bench_retrieval.py has 60k distinct texts among a million lessons).
+        items.sort(key=lambda item: item[2])
         for item in items:
             self._queue.put(item)
         return len(items)
@@ -125,9 +128,10 @@ class EmbeddingBacklog:
                     self._queue.put(None)
                     break
                 batch.append(nxt)
-            vectors = self.embedder.embed_batch([text for _, _, text in batch]) or []
-            written.put((len(batch), [(item_id, kind, MODEL_NAME, vector)
-                                      for (kind, item_id, _), vector in zip(batch, vectors, strict=False)]))
+            texts = list(dict.fromkeys(text for _, _, text in batch))
+            vectors = dict(zip(texts, self.embedder.embed_batch(texts) or [], strict=False))
+            written.put((len(batch), [(item_id, kind, MODEL_NAME, vectors[text])
+                                      for kind, item_id, text in batch if text in vectors]))
 
     def _write_loop(self, written: WrittenQueue) -> None:
         """Vectors go into the search index at once and into the store by COPYs of up to WRITE_ROWS rows: a
