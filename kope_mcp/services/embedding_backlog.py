@@ -20,6 +20,7 @@ EMBED_BATCH = 32
 WRITE_ROWS = 1024  # embeddings per COPY into the store
 WRITE_IDLE_S = 0.3  # a pending COPY waits no longer than this for more batches
 EmbeddingRow = tuple[str, str, str, list[float]]  # id, kind, model, vector
+Job = tuple[str, list[tuple[str, str]]]  # a text and the (kind, id) of every item that has it
 WrittenQueue = queue.Queue[tuple[int, list[EmbeddingRow]] | None]  # (items done, rows) from the workers
 
 
@@ -31,7 +32,10 @@ class EmbeddingBacklog:
         self.vectors = vectors
         self._stopping = threading.Event()
         self._backlog_queued = threading.Event()
-        self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue()
+        # One entry per text to embed, with every item that has that text: a team's memory repeats itself (the
+        # generated one of tools/bench_retrieval.py has 60k distinct texts among a million lessons), and a batch
+        # of 32 distinct texts costs the model what a batch of 32 copies of one text does.
+        self._queue: queue.Queue[Job | None] = queue.Queue()
         self._worker: threading.Thread | None = None
 
     def start(self) -> None:
@@ -73,16 +77,16 @@ class EmbeddingBacklog:
         if not self.embedder.available:
             return 0  # the worker queues the backlog itself once the model has loaded
         items = self.store.unembedded(self.vectors.ids())
-        # Identical texts side by side: a batch embeds each once (a team's memory repeats itself: the generated
-        # one of tools/bench_retrieval.py has 60k distinct texts among a million lessons).
-        items.sort(key=lambda item: item[2])
-        for item in items:
-            self._queue.put(item)
+        by_text: dict[str, list[tuple[str, str]]] = {}
+        for kind, item_id, text in items:
+            by_text.setdefault(text, []).append((kind, item_id))
+        for job in by_text.items():
+            self._queue.put(job)
         return len(items)
 
     @property
     def backlog(self) -> int:
-        """Items waiting for their embedding."""
+        """Texts waiting for their embedding (each for one item or more)."""
         return self._queue.qsize()
 
     def _embed_loop(self) -> None:
@@ -128,10 +132,10 @@ class EmbeddingBacklog:
                     self._queue.put(None)
                     break
                 batch.append(nxt)
-            texts = list(dict.fromkeys(text for _, _, text in batch))
+            texts = list(dict.fromkeys(text for text, _ in batch))
             vectors = dict(zip(texts, self.embedder.embed_batch(texts) or [], strict=False))
             written.put((len(batch), [(item_id, kind, MODEL_NAME, vectors[text])
-                                      for kind, item_id, text in batch if text in vectors]))
+                                      for text, items in batch if text in vectors for kind, item_id in items]))
 
     def _write_loop(self, written: WrittenQueue) -> None:
         """Vectors go into the search index at once and into the store by COPYs of up to WRITE_ROWS rows: a
@@ -180,4 +184,4 @@ class EmbeddingBacklog:
 
     def enqueue(self, kind: str, item_id: str, text: str) -> None:
         if self.embedder.enabled:
-            self._queue.put((kind, item_id, text))
+            self._queue.put((text, [(kind, item_id)]))

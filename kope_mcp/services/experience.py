@@ -38,8 +38,8 @@ from kope_mcp.services.selection_config import PRESETS, SelectionConfig
 from kope_mcp.tasks.registry import TaskRegistry
 
 MAX_QUERY_CHARS = 2000
-# The first question after a start waits for the in-memory index (seconds at 50k lessons) rather than answer
-# from bounded scans: the same memory must give the same answer.
+# A question asked while the read index is rebuilt (after a crash: seconds at 50k lessons) waits for it rather than
+# answer from bounded scans: the same memory must give the same answer.
 INDEX_WAIT_S = 30.0
 SECTION_HEADER_RESERVE = 60  # tokens kept free for the markdown headers when adding diffs
 

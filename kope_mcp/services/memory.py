@@ -386,7 +386,7 @@ class ExperienceMemory(MemoryTransfer):
     def vector(self, item_id: str) -> np.ndarray | None:
         return self.vectors.vector(item_id)
 
-    # --- the read path: the in-memory index when loaded, the store's scans until then ------------------------
+    # --- the read path: the read index when complete, the store's scans while it is rebuilt -------------------
     def attempts_for_task(self, task_id: str, limit: int) -> list[AttemptRecord]:
         if self.index.complete:
             return self.index.get(self.index.top_for_task(task_id, limit))

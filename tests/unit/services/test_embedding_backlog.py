@@ -24,3 +24,35 @@ def test_a_restart_with_the_model_embeds_what_was_recorded_without_it(tmp_path, 
     embedded = memory.vectors.ids()
     memory.stop()
     assert {compiled.kernel_id, lesson.experience_id, lesson.strategy_id} <= embedded
+
+
+@pytest.mark.slow
+def test_the_backlog_embeds_a_text_shared_by_many_items_once_and_gives_each_item_its_vector(tmp_path):
+    import numpy as np
+
+    from kope_mcp.memory.records import LessonRecord
+
+    path = tmp_path / "memory.kuzu"
+    store = KuzuExperienceStore(path)
+    texts = {f"x-{i:02d}": "unrolled by four, 1.8x" if i % 2 else f"distinct lesson number {i}" for i in range(40)}
+    store.bulk_lessons([(LessonRecord(lesson_id=lesson_id, text=text, strategy="", label="lesson", verified=False,
+                                      confidence=0.3,
+                                      created_at="2026-01-01T00:00:00"), text) for lesson_id, text in texts.items()])
+    store.close()
+    embedder = BackgroundEmbedder(enabled=True)
+    asked: list[str] = []
+    embed_batch = embedder.embed_batch
+
+    def counting(batch: list[str]) -> list[list[float]] | None:
+        asked.extend(batch)
+        return embed_batch(batch)
+
+    embedder.embed_batch = counting  # type: ignore[method-assign]
+    memory = ExperienceMemory(KuzuExperienceStore(path), embedder)
+    memory.start()
+    memory.drain(timeout=180)
+    shared = [memory.vector(i) for i, text in texts.items() if text.startswith("unrolled")]
+    memory.stop()
+    assert set(texts) <= memory.vectors.ids()
+    assert asked.count("unrolled by four, 1.8x") == 1 and len(asked) == 21  # 21 distinct texts
+    assert all(v is not None and np.allclose(v, shared[0]) for v in shared)
