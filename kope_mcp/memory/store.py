@@ -458,21 +458,23 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
     def unembedded(self, embedded: set[str]) -> list[tuple[str, str, str]]:
         """(kind, id, text) of items without an embedding (e.g. recorded before the model had loaded).
 
-        Set difference in Python: a NOT EXISTS subquery per row was quadratic (minutes at 100k items)."""
+        Read a page of internal offsets at a time (the lock is let go between pages: questions are answered
+        meanwhile; one read of a million ids held it for seconds) and the difference taken in Python (a NOT EXISTS
+        subquery per row was quadratic: minutes at 100k items)."""
         out: list[tuple[str, str, str]] = []
         for table, key, text, kind in self._EMBEDDABLE:
-            ids = [r["i"] for r in self._rows(f"MATCH (n:{table}) RETURN n.{key} AS i")]
-            missing = [i for i in ids if i not in embedded]
-            if len(missing) > len(ids) // 4:
-                # Most of the table (an import nobody embedded yet): read it by pages rather than pass a million
-                # ids as one parameter.
-                out += [(kind, node[key], node.get(text) or "") for page in self.node_pages(table)
-                        for node in page if node[key] not in embedded]
-            elif missing:
+            last = self._rows(f"MATCH (n:{table}) RETURN max(offset(ID(n))) AS m")[0]["m"]
+            for start in range(0, -1 if last is None else int(last) + 1, 50_000):
                 out += [(kind, r["i"], r["t"] or "") for r in self._rows(
-                    f"UNWIND $ids AS x MATCH (n:{table} {{{key}: x}}) RETURN n.{key} AS i, n.{text} AS t",
-                    {"ids": missing})]
+                    f"MATCH (n:{table}) WHERE offset(ID(n)) >= $a AND offset(ID(n)) < $b "
+                    f"RETURN n.{key} AS i, n.{text} AS t", {"a": start, "b": start + 50_000})
+                    if r["i"] not in embedded]
         return out
+
+    def embeddable_count(self) -> int:
+        """Attempts, lessons and strategies: the items that get an embedding."""
+        return sum(int(self._rows(f"MATCH (n:{table}) RETURN count(n) AS c")[0]["c"])
+                   for table, _, _, _ in self._EMBEDDABLE)
 
     # --- statistics and export -----------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:

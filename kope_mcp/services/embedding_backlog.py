@@ -76,6 +76,8 @@ class EmbeddingBacklog:
         how many. Items already queued may be queued twice: the second write is a no-op MERGE."""
         if not self.embedder.available:
             return 0  # the worker queues the backlog itself once the model has loaded
+        if len(self.vectors) >= self.store.embeddable_count():
+            return 0  # every item has its vector (items are never deleted): no scan of a million ids at start
         items = self.store.unembedded(self.vectors.ids())
         by_text: dict[str, list[tuple[str, str]]] = {}
         for kind, item_id, text in items:
