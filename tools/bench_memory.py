@@ -144,6 +144,7 @@ def run(n: int, queries: int, records: int, embedder: BackgroundEmbedder, regist
         t0 = time.perf_counter()
         memory.start()
         memory.drain(600)
+        memory.wait_index(600)  # filled behind its back: the read index is rebuilt from the graph at the start
         load_s = time.perf_counter() - t0
         service = ExperienceService(memory, registry)
         tasks = registry.list()
