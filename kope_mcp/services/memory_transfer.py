@@ -31,6 +31,9 @@ class MemoryStats(BaseModel):
     attempts_by_label: dict[str, int]
     hardware: list[str]
     database_bytes: int
+    read_index_bytes: int = 0  # memory.kuzu.index: derived from the graph, rebuilt after a crash
+    vectors_bytes: int = 0  # memory.kuzu.vectors: the stored embeddings as a mapped bfloat16 matrix
+    read_index: str = ""  # whether the read index serves (or is being rebuilt)
     semantic_search: str
 
 
@@ -43,12 +46,25 @@ class MemoryTransfer:
 
     def forget_cached_strategies(self) -> None: ...  # ExperienceMemory's
 
+    @property
+    def index_loading(self) -> bool:  # ExperienceMemory's
+        raise NotImplementedError
+
     def stats(self) -> MemoryStats:
         store = self.store
-        size = sum(p.stat().st_size for p in (store.path, Path(f"{store.path}.wal")) if p.exists())
+        def size(*paths: Path) -> int:
+            return sum(p.stat().st_size for p in paths if p.exists())
+
+        index = self.index.path
         return MemoryStats(schema_version=store.schema_version(), counts=store.counts(),
                            attempts_by_label=store.label_counts(), hardware=store.hardware_keys(),
-                           database_bytes=size, semantic_search=self.embedder.status)
+                           database_bytes=size(store.path, Path(f"{store.path}.wal")),
+                           read_index_bytes=size(index, Path(f"{index}-wal")) if index else 0,
+                           vectors_bytes=size(self.vectors.path) if self.vectors.path else 0,
+                           read_index="serving" if self.index.complete else "being rebuilt from the graph"
+                           if self.index_loading else "stale (not closed cleanly): rebuilt from the graph when a "
+                           "server starts",
+                           semantic_search=self.embedder.status)
 
     def describe(self, item_id: str) -> dict[str, Any]:
         """An attempt (with its successors and lessons), a lesson or a session, in full."""

@@ -47,10 +47,12 @@ def test_memory_stats_show_export_and_import(tmp_path, monkeypatch, capsys):
     home = tmp_path / "home"
     workbench = Workbench(make_settings(home))
     compiled = workbench.compile_kernel("vector_add", VECTOR_ADD_OK, strategy="plain loop")
-    workbench.store.close()
+    workbench.store.close()  # not the memory: its read index was not closed cleanly
     monkeypatch.setenv("KOPE_HOME", str(home))
     assert main(["memory", "stats"]) == 0
-    assert json.loads(capsys.readouterr().out)["counts"]["Attempt"] == 1
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["counts"]["Attempt"] == 1 and stats["read_index"].startswith("stale")
+    assert stats["read_index_bytes"] > 0 and stats["vectors_bytes"] == 0
     assert main(["memory", "show", compiled.kernel_id]) == 0
     assert json.loads(capsys.readouterr().out)["attempt"]["strategy"] == "plain loop"
     assert main(["memory", "show", "k-nope"]) == 2
