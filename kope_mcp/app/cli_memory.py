@@ -171,8 +171,8 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
 
 
 def _import(settings: KopeSettings, export: Any) -> Any:
-    """import_into_copy with a bounded page cache; once more without the bound when the memory's text index needs
-    more than it to be rebuilt (the first try changed nothing: imports are all or nothing)."""
+    """import_into_copy with a bounded page cache; once more without the bound when Kùzu needs more than it (the
+    first try changed nothing: imports are all or nothing)."""
     from kope_mcp.services.memory import ExperienceMemory
     from kope_mcp.services.memory_admin import home_identity, import_into_copy
 

@@ -17,7 +17,6 @@ from kope_mcp.memory.rows import ATTEMPT_COLUMNS, LESSON_COLUMNS, attempt_props
 class BulkLoading:
     if TYPE_CHECKING:
         _lock: threading.RLock
-        _prepared: dict[str, Any]
 
         def _exec(self, query: str, params: dict[str, Any] | None = None) -> None: ...
         def _rows(self, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]: ...
@@ -45,15 +44,13 @@ class BulkLoading:
         self._copy_edges("FOR_TASK", "Session", "Task", [(r.session_id, r.task_id) for r in records])
         self._copy_edges("ON_HARDWARE", "Session", "Hardware", [(r.session_id, r.hardware_key) for r in records])
 
-    def bulk_lessons(self, records: list[tuple[LessonRecord, str]], *, rebuild_text_index: bool = True) -> None:
-        """Insert many lessons with their edges to the attempts, strategies and tasks that exist. Call
-        :meth:`rebuild_text_index` afterwards when passing ``rebuild_text_index=False`` (several chunks)."""
+    def bulk_lessons(self, records: list[tuple[LessonRecord, str]]) -> None:
+        """Insert many lessons with their edges to the attempts, strategies and tasks that exist."""
         rows = [{**lesson.model_dump(), "search_text": text} for lesson, text in records]
         with self._lock:
             if not self._copy_nodes("Lesson", rows):
                 assignments = _unwind_assignments(rows[0], LESSON_COLUMNS)
                 self._exec(f"UNWIND $rows AS r CREATE (:Lesson {{{assignments}}})", {"rows": rows})
-                self._text_index_stale = True
             lessons = [lesson for lesson, _ in records]
             attempts = self.existing_ids("Attempt", "kernel_id", [x.attempt_id for x in lessons if x.attempt_id])
             strategies = self.existing_ids("Strategy", "strategy_id",
@@ -65,24 +62,6 @@ class BulkLoading:
                              [(x.lesson_id, x.strategy_id) for x in lessons if x.strategy_id in strategies])
             self._copy_edges("ABOUT", "Lesson", "Task",
                              [(x.lesson_id, x.task_id) for x in lessons if x.task_id in tasks])
-            if rebuild_text_index:
-                self.rebuild_text_index()
-
-    # Kùzu 0.11.3's FTS index is wrong after an UNWIND ... CREATE of several rows (every row of the batch then
-    # matches every term of the batch, with equal scores); row-by-row CREATEs and COPYs are indexed right (the
-    # same hits and scores as a rebuilt index, test_store.py). So the index is rebuilt only after an UNWIND: the
-    # rebuild of a million lessons took more than 512 MiB of page cache and about a minute.
-    _text_index_stale = False
-
-    def rebuild_text_index(self) -> None:
-        """Rebuild the lesson index when a bulk write left it wrong (~1 s per 20k lessons); otherwise nothing."""
-        with self._lock:
-            if not self._text_index_stale:
-                return
-            self._exec("CALL DROP_FTS_INDEX('Lesson', 'lesson_fts')")
-            self._exec("CALL CREATE_FTS_INDEX('Lesson', 'lesson_fts', ['search_text'])")
-            self._prepared.clear()  # plans that used the old index
-            self._text_index_stale = False
 
     def existing_ids(self, table: str, key: str, ids: list[str]) -> set[str]:
         """Which of ``ids`` are nodes of ``table`` (one query, not one per id)."""

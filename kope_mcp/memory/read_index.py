@@ -14,7 +14,11 @@ then, which any later write or replacement changes); otherwise it is emptied and
 background while the read path falls back to the store's bounded scans. A write made during a rebuild wins over
 the rebuild's copy of the same row (the rebuild only inserts what is missing).
 
-Lessons also count their stems here (``term``): the full-text search's cost per word (terms.py).
+Lessons are searched here too, by BM25 over their stems (``lesson_text``, SQLite's FTS5; the stems are written
+by terms.py, so a question is split and stemmed as its lessons were), and count their stems (``term``): the
+search's cost per word. Kùzu's own full-text index kept this before (schema migration 6 drops it): it was
+rebuilt inside every COPY of lessons, ~60% of a million lessons' import, and rebuilding it once at the end needed
+more than 1 GB of buffer pool; FTS5 takes a million lessons in ~3 s and answers a budgeted question in 1-20 ms.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 from kope_mcp.hardware import hardware_rank
 from kope_mcp.memory.outcome import lesson_evidence
 from kope_mcp.memory.records import AttemptRecord, LessonRecord
-from kope_mcp.memory.terms import stems
+from kope_mcp.memory.terms import index_terms
 
 SUFFIX = ".index"
 SUMMARY_FIELDS: tuple[str, ...] = tuple(f for f in AttemptRecord.model_fields if f != "source")
@@ -48,7 +52,10 @@ CREATE TABLE IF NOT EXISTS scope(kind TEXT, name TEXT, hardware_key TEXT, PRIMAR
     WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS term(stem TEXT PRIMARY KEY, df INTEGER) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS vector(pos INTEGER PRIMARY KEY, item_id TEXT NOT NULL UNIQUE, kind TEXT);
+CREATE VIRTUAL TABLE IF NOT EXISTS lesson_text USING fts5(stems, content='', tokenize='unicode61 remove_diacritics 0');
 """
+# Files of another format are rebuilt, never trusted (format 1 had no lesson_text).
+FORMAT = "2"
 # Rows are appended (rowid tables: a lesson's JSON is ~600 bytes) and found through these, each in the order the
 # read path reads: the top k of a filter is the first k entries of one index range.
 _INDEXES = """
@@ -153,14 +160,14 @@ class ReadIndex:
         an end without :meth:`close` makes it stale."""
         with self._lock:
             meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
-            trusted = meta.get("clean") == "1" and meta.get("stamp") == stamp
+            trusted = meta.get("clean") == "1" and meta.get("stamp") == stamp and meta.get("format") == FORMAT
             # The vectors are complete only if a server with semantic search kept them (vectors.py).
             self.vectors_trusted = (trusted and meta.get("vectors") == "1") or database_empty
             if not trusted:
                 self._clear()
             elif not self.vectors_trusted:
                 self.clear_vectors()
-            self._set_meta(clean="0")
+            self._set_meta(clean="0", format=FORMAT)
             if trusted or database_empty:
                 self._complete.set()
             return self.complete
@@ -218,6 +225,8 @@ class ReadIndex:
         with self._transaction() as conn:
             for table in ("attempt", "lesson", "scope", "term", "vector"):
                 conn.execute(f"DELETE FROM {table}")
+            conn.execute("DROP TABLE lesson_text")  # a contentless FTS5 table forgets only what it is told
+        self._conn.executescript(_TABLES)
 
     def rebuild(self, attempts: Iterable[dict[str, Any]], lessons: Iterable[list[tuple[LessonRecord, str]]]) -> None:
         """Fill an incomplete index from the graph: attempt summaries, then pages of (lesson, search text); rows a
@@ -301,12 +310,20 @@ class ReadIndex:
             if not fresh:
                 return
             df: dict[str, int] = {}
+            texts: list[str] = []
             for _, text in fresh.values():
-                for s in stems(text):
+                terms = index_terms(text)
+                texts.append(" ".join(terms))
+                for s in set(terms):
                     df[s] = df.get(s, 0) + 1
             with self._transaction() as conn:
-                conn.executemany("INSERT INTO lesson VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                 [_lesson_row(lesson) for lesson, _ in fresh.values()])
+                # Explicit rowids: the lesson's row and its text share one, which the search joins on.
+                first = conn.execute("SELECT coalesce(max(rowid), 0) + 1 FROM lesson").fetchone()[0]
+                conn.executemany("INSERT INTO lesson(rowid, lesson_id, attempt_id, task_id, family, hardware_key, "
+                                 "evidence, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                 [(first + n, *_lesson_row(lesson)) for n, (lesson, _) in enumerate(fresh.values())])
+                conn.executemany("INSERT INTO lesson_text(rowid, stems) VALUES (?, ?)",
+                                 [(first + n, text) for n, text in enumerate(texts)])
                 conn.executemany("INSERT OR IGNORE INTO scope VALUES (?, ?, ?)",
                                  list({s for lesson, _ in fresh.values() for s in _scopes(lesson)}))
                 conn.executemany("INSERT INTO term VALUES (?, ?) ON CONFLICT(stem) DO UPDATE SET df = df + excluded.df",
@@ -407,6 +424,19 @@ class ReadIndex:
             return [(r[0], r[1]) for r in self._conn.execute(
                 f"SELECT evidence, lesson_id FROM lesson WHERE {where} AND hardware_key IS ? {_LESSON_ORDER} LIMIT ?",
                 params)]
+
+    def full_text(self, question: str, limit: int) -> list[tuple[str, float]]:
+        """(lesson id, BM25 score) of the ``limit`` lessons that best match the words of ``question``, best first
+        (equal scores in id order). FTS5's bm25 (k1 1.2, b 0.75, as Kùzu's) is negated: higher is better."""
+        terms = sorted(set(index_terms(question)))
+        if not terms:
+            return []
+        match = " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+        with self._lock:
+            return [(r[0], -r[1]) for r in self._conn.execute(
+                "SELECT lesson.lesson_id, bm25(lesson_text) AS score FROM lesson_text JOIN lesson "
+                "ON lesson.rowid = lesson_text.rowid WHERE lesson_text MATCH ? ORDER BY score, lesson.lesson_id "
+                "LIMIT ?", (match, limit))]
 
     def document_frequency(self, wanted: Iterable[str]) -> dict[str, int]:
         """Lessons per stem (a stem no lesson has is left out)."""

@@ -48,7 +48,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # BM25 over strategy names and lessons: an attempt's text is its strategy (plus structured fields the
         # graph filters already cover), and an FTS index over every attempt cost ~30 ms per query at 100k.
         "CALL CREATE_FTS_INDEX('Strategy', 'strategy_fts', ['name'])",
-        "CALL CREATE_FTS_INDEX('Lesson', 'lesson_fts', ['search_text'])",
+        "CALL CREATE_FTS_INDEX('Lesson', 'lesson_fts', ['search_text'])",  # dropped by migration 6
     ]),
     (2, "suspect measurements", [
         f"ALTER TABLE Attempt ADD {name} {typ} DEFAULT {default}" for name, (typ, default) in ATTEMPT_COLUMNS_V2.items()
@@ -70,5 +70,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
           ATTEMPT_COLUMNS_V5.items()),
         *(f"ALTER TABLE Lesson ADD {name} {typ} DEFAULT {default}" for name, (typ, default) in
           LESSON_COLUMNS_V5.items()),
+    ]),
+    # Lessons are searched by the read index (read_index.py): this index was rebuilt inside every COPY of lessons
+    # (~60% of a million lessons' import) and could not be built once at the end within 1 GB.
+    (6, "lesson search in the read index", [
+        "CALL DROP_FTS_INDEX('Lesson', 'lesson_fts')",
     ]),
 ]

@@ -3,8 +3,8 @@ with Cypher.
 
 One ``Database`` per path per process (two silently lose rows), one connection behind one lock (Kùzu allows a
 single writer and fails a second at once instead of waiting), no explicit multi-statement transactions (a
-failed one poisoned its connection), indexes created once by a numbered migration and never dropped (but the
-lesson FTS index, rebuilt after bulk loads: see ``rebuild_text_index``).
+failed one poisoned its connection), indexes created once by a numbered migration (lessons are searched by the
+read index since migration 6: read_index.py).
 Embeddings live in their own table without a vector index (an indexed column cannot be SET) and are searched
 by numpy brute force, which is as fast as HNSW at these sizes.
 A compile's attempt is journalled and acknowledged before its statement runs (``add_attempt_soon``, journal.py);
@@ -421,31 +421,22 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
             {"k": kernel_id})]
 
     # --- text and vector search ----------------------------------------------------------------------------
-    def full_text(self, query: str, limit: int, lesson_query: str | None = None) -> list[tuple[str, str, float]]:
-        """BM25 over strategy names and lessons: (kind, id, score); lessons by ``lesson_query`` when given (the
-        question without the words too common to afford, terms.py)."""
-        hits: list[tuple[str, str, float]] = []
+    def full_text(self, query: str, limit: int) -> list[tuple[str, str, float]]:
+        """BM25 over strategy names: (kind, id, score), best first (lessons: the read index's full_text)."""
+        # Words only: the index's query parser reads `*` as a term every document matches (a pasted prototype's
+        # `float *` made one query ~330 ms at 50k lessons instead of ~15).
+        text = _NOT_WORD.sub(" ", query).strip()
+        if not text:
+            return []
         fetch = 2 * int(limit)
-        for table, index, key, kind, text in (("Strategy", "strategy_fts", "strategy_id", "strategy", query),
-                                              ("Lesson", "lesson_fts", "lesson_id", "lesson",
-                                               query if lesson_query is None else lesson_query)):
-            # Words only: the index's query parser reads `*` as a term every document matches (a pasted
-            # prototype's `float *` made one query ~330 ms at 50k lessons instead of ~15).
-            text = _NOT_WORD.sub(" ", text).strip()
-            if not text:
-                continue
-            # top := k lets the index keep only the best k while it scores (the same hits and scores as ORDER BY
-            # ... LIMIT k; a question matching 420k of a million lessons: 430 ms instead of 680).
-            rows = self._rows(
-                f"CALL QUERY_FTS_INDEX('{table}', '{index}', $q, top := {fetch}) RETURN node.{key} AS id, score "
-                f"ORDER BY score DESC LIMIT {fetch}", {"q": text})
-            found = sorted(((float(r["score"]), r["id"]) for r in rows), key=lambda h: (-h[0], h[1]))
-            if len(found) == fetch:
-                # The LIMIT may have cut the lowest score's group anywhere (in insertion order): drop that group
-                # so the same memory gives the same hits whatever order it was written in.
-                found = [h for h in found if h[0] > found[-1][0]]
-            hits += [(kind, item_id, score) for score, item_id in found[:limit]]
-        return hits
+        rows = self._rows(f"CALL QUERY_FTS_INDEX('Strategy', 'strategy_fts', $q, top := {fetch}) "
+                          f"RETURN node.strategy_id AS id, score ORDER BY score DESC LIMIT {fetch}", {"q": text})
+        found = sorted(((float(r["score"]), r["id"]) for r in rows), key=lambda h: (-h[0], h[1]))
+        if len(found) == fetch:
+            # The LIMIT may have cut the lowest score's group anywhere (in insertion order): drop that group so
+            # the same memory gives the same hits whatever order it was written in.
+            found = [h for h in found if h[0] > found[-1][0]]
+        return [("strategy", item_id, score) for score, item_id in found[:limit]]
 
     def set_embedding(self, item_id: str, kind: str, model: str, vector: list[float]) -> None:
         self._exec("MERGE (e:Embedding {id: $i}) SET e.kind = $k, e.model = $m, e.vector = $v",

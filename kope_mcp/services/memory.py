@@ -363,14 +363,19 @@ class ExperienceMemory(MemoryTransfer):
     # --- search: BM25 over lessons and strategy names, cosine over embeddings ------------------------------
     def full_text(self, query: str, limit: int, postings_budget: int | None = None) -> list[tuple[str, str, float]]:
         """(kind, id, BM25 score) of strategies and lessons matching the words of ``query``; lessons are searched
-        without the question's most common words once their postings pass ``postings_budget`` (terms.py)."""
+        without the question's most common words once their postings pass ``postings_budget`` (terms.py). Lessons
+        are searched in the read index: none while it is rebuilt after a crash."""
+        hits = self.store.full_text(query, limit)
+        if not self.index.complete:
+            log.debug("lesson search waits for the read index's rebuild")
+            return hits
         lesson_query = query
-        if postings_budget is not None and self.index.complete:
+        if postings_budget is not None:
             lesson_query, dropped = affordable_words(query, self.index.document_frequency(stems(query)),
                                                      postings_budget)
             if dropped:
                 log.debug("full-text search without %s (over %d postings)", dropped, postings_budget)
-        return self.store.full_text(query, limit, lesson_query=lesson_query)
+        return hits + [("lesson", lesson_id, score) for lesson_id, score in self.index.full_text(lesson_query, limit)]
 
     def embed_question(self, text: str) -> list[float] | None:
         """The question's embedding, at once on this thread; None while semantic search is not ready."""

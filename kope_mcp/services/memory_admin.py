@@ -191,8 +191,6 @@ def import_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> Im
     finally:
         importer.close()
         memory.forget_cached()  # the import wrote to the store directly
-        if importer.added.get("lesson"):
-            memory.rebuild_text_index()
     if importer.added:
         memory.queue_backlog()  # a server importing embeds what it imported; `kope memory import` has no model
     return ImportReport(added=importer.added, skipped_existing=importer.skipped, edited=importer.edited,
@@ -297,7 +295,7 @@ def _import_lessons(memory: ExperienceMemory, path: Path, rows: list[dict[str, A
         except ValueError as exc:
             raise InvalidExportError(f"{path}:{line}: {type(exc).__name__}: {exc}") from None
     if records:
-        memory.add_lessons(records)  # import_memory rebuilds the text index once, at the end
+        memory.add_lessons(records)
     return len(records)
 
 

@@ -152,8 +152,7 @@ class MemoryTransfer:
         return self.store.existing_ids("Lesson", "lesson_id", lesson_ids)
 
     def add_lessons(self, lessons: list[tuple[LessonRecord, str]]) -> None:
-        """Write new lessons (with their search texts) at once: one statement and a COPY per edge table; the text
-        index is rebuilt by :meth:`rebuild_text_index` once the whole import is in."""
+        """Write new lessons (with their search texts) at once: one statement and a COPY per edge table."""
         # The read index takes them on another thread while the graph's COPY runs (Kùzu computes without the GIL):
         # one after the other, the index was ~20% of a million lessons' import.
         failed: list[BaseException] = []
@@ -167,7 +166,7 @@ class MemoryTransfer:
         worker = threading.Thread(target=index_them, name="kope-import-index")
         worker.start()
         try:
-            self.store.bulk_lessons(lessons, rebuild_text_index=False)
+            self.store.bulk_lessons(lessons)
         finally:
             worker.join()
         if failed:
@@ -177,6 +176,3 @@ class MemoryTransfer:
         """For an import into a copy nobody serves: indexes built once at the end, no journals (the copy is thrown
         away unless it completes)."""
         self.index.bulk()
-
-    def rebuild_text_index(self) -> None:
-        self.store.rebuild_text_index()

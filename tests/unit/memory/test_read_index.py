@@ -99,7 +99,7 @@ def test_a_rebuild_keeps_what_a_write_put_there_meanwhile():
                   [[(lesson("x-1"), "tiling helps"), (lesson("x-2"), "tiling again")]])
     assert index.complete
     assert index.get(["k-a"])[0].downstream == 3.0 and index.get(["k-b"])
-    assert index.document_frequency(["tile", "help", "again"]) == {"tile": 2, "help": 1, "again": 1}
+    assert index.document_frequency(["tile", "help", "again"]) == {"tile": 2, "help": 1}  # "again": a stop word
 
 
 def test_lessons_in_scope_take_this_machine_first_then_its_architecture_then_the_rest_by_evidence():
@@ -122,5 +122,87 @@ def test_a_lesson_written_twice_counts_its_words_once():
     index.attach("", database_empty=True)
     index.add_lessons([(lesson("x-1"), "Vectorised loops, vectorised again")])
     index.add_lessons([(lesson("x-1"), "Vectorised loops, vectorised again"), (lesson("x-2"), "loop")])
-    assert index.document_frequency(["vectoris", "loop", "again", "absent"]) == {"vectoris": 1, "loop": 2,
-                                                                                  "again": 1}
+    # "again" is a stop word: in no posting list, as Kùzu's index left it out
+    assert index.document_frequency(["vectoris", "loop", "again", "absent"]) == {"vectoris": 1, "loop": 2}
+    assert [hit[0] for hit in index.full_text("vectorising", 5)] == ["x-1"]  # found once, not twice
+
+
+def test_lessons_are_found_by_their_stemmed_words_the_best_match_first_and_ties_in_id_order():
+    index = ReadIndex(None)
+    index.attach("", database_empty=True)
+    texts = ["unrolled loop", "unrolled registers spilled", "looping over tiled rows and columns", "unrolled loop",
+             "OpenMP rows", "vector widths", "prefetch lines", "aligned stores", "fused multiply add"]
+    index.add_lessons([(lesson(f"x-{n}"), text) for n, text in enumerate(texts, start=1)][::-1])
+    hits = index.full_text("should I unroll this loop?", 10)
+    # both words first (equal texts, equal scores: in id order), then one word in a shorter text before a longer
+    assert [h[0] for h in hits] == ["x-1", "x-4", "x-2", "x-3"]
+    assert hits[0][1] == hits[1][1] > hits[2][1] > hits[3][1] > 0
+    assert index.full_text("the loop", 2) == index.full_text("loop", 2)  # stop words change nothing
+    assert index.full_text("was the of", 5) == []  # only stop words: nothing to search for
+
+
+def test_a_question_in_the_search_syntax_is_read_as_plain_words():
+    index = ReadIndex(None)
+    index.attach("", database_empty=True)
+    index.add_lessons([(lesson("x-1"), "near misses: OR-ing masks, AND NOT branches"), (lesson("x-2"), "vectors")])
+    for question in ('NEAR(or and)', 'masks OR "*"', "'; DROP TABLE lesson; --", 'col:masks', "mask* ^branch -",
+                     '"unterminated', "(((", "ü — “curly”"):
+        hits = index.full_text(question, 5)  # never a syntax error
+        assert [h[0] for h in hits] in ([], ["x-1"]), question
+    assert [h[0] for h in index.full_text("masks OR branches", 5)] == ["x-1"]
+
+
+def test_an_index_written_in_another_format_is_rebuilt_not_trusted(tmp_path: Path):
+    database = tmp_path / "memory.kuzu"
+    database.write_bytes(b"graph")
+    index = ReadIndex.beside(database)
+    index.attach(database_stamp(database), database_empty=True)
+    index.add_lessons([(lesson("x-1"), "unrolled loops")])
+    index.close(database_stamp(database))
+    import sqlite3
+
+    with sqlite3.connect(index.path) as conn:  # as an index of the format before lesson search was written
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'format'")
+    reopened = ReadIndex.beside(database)
+    assert not reopened.attach(database_stamp(database), database_empty=False)
+    assert reopened.full_text("unrolled", 5) == [] and reopened.lessons(["x-1"]) == []
+
+
+def test_an_emptied_scratch_index_forgets_the_words_of_its_lessons_too():
+    index = ReadIndex(None)
+    index.attach("", database_empty=True)
+    index.add_lessons([(lesson("x-1"), "unrolled loops")])
+    index._clear()
+    index.add_lessons([(lesson("x-2"), "unrolled twice")])
+    assert [h[0] for h in index.full_text("unrolled", 5)] == ["x-2"]
+
+
+def test_lesson_search_finds_what_kuzus_full_text_index_found(tmp_path: Path):
+    # Lessons moved from Kùzu's FTS index to the read index's FTS5 table: the same words, stems and stop words,
+    # the same BM25 (k1 1.2, b 0.75); only the idf differs for words in most documents.
+    import random
+
+    from kope_mcp.memory.store import KuzuExperienceStore
+
+    rng = random.Random(1)
+    vocab = [*sorted({"".join(rng.choice("bcdfghklmnprstvz") + rng.choice("aeiou") for _ in range(3))
+                      for _ in range(300)}), "the", "loops", "looping", "about"]
+    lessons = [lesson(f"x-{i:04d}") for i in range(2000)]
+    texts = [" ".join(rng.choice(vocab) for _ in range(rng.randint(3, 30))) for _ in lessons]
+    index = ReadIndex(None)
+    index.attach("", database_empty=True)
+    index.add_lessons(list(zip(lessons, texts, strict=True)))
+    store = KuzuExperienceStore(tmp_path / "memory.kuzu")
+    store.bulk_lessons(list(zip(lessons, texts, strict=True)))
+    store._exec("CALL CREATE_FTS_INDEX('Lesson', 'kuzu_fts', ['search_text'])")
+    agree = []
+    for question in (f"{vocab[1]} {vocab[2]}", vocab[7], f"{vocab[100]} {vocab[200]} {vocab[5]}", vocab[-2],
+                     "the loop", f"about {vocab[9]} loops", "about"):
+        kuzu = [r["id"] for r in store._rows(
+            "CALL QUERY_FTS_INDEX('Lesson', 'kuzu_fts', $q) RETURN node.lesson_id AS id, score "
+            "ORDER BY score DESC, id LIMIT 10", {"q": question})]
+        ours = [h[0] for h in index.full_text(question, 10)]
+        assert ours[:1] == kuzu[:1], question
+        agree.append(len(set(ours) & set(kuzu)) / max(1, len(kuzu)) if kuzu else float(not ours))
+    store.close()
+    assert min(agree) >= 0.8, agree

@@ -261,9 +261,12 @@ def test_the_read_index_kept_by_writes_and_one_rebuilt_from_the_graph_give_the_s
     assert rebuilt.index.complete
     for kwargs in ({"task_id": "dot"}, {"task_id": "sum_reduce", "phase": "optimize"},
                    {"session_id": ids["session"]}, {"task_id": "softmax"}):
-        expected = ExperienceService(scanning, workbench.tasks).query_experience("faster", **kwargs).context
-        assert service.query_experience("faster", **kwargs).context == expected
-        assert ExperienceService(rebuilt, workbench.tasks).query_experience("faster", **kwargs).context == expected
+        # While the index is rebuilt no lesson is found by its words (the index holds the lesson search): a
+        # question that matches none gets the same answer from the scans
+        expected = ExperienceService(scanning, workbench.tasks).query_experience("qwzx", **kwargs).context
+        assert service.query_experience("qwzx", **kwargs).context == expected
+        kept = service.query_experience("faster", **kwargs).context
+        assert ExperienceService(rebuilt, workbench.tasks).query_experience("faster", **kwargs).context == kept
 
 
 def test_import_merges_into_a_memory_with_its_own_experience_and_serves_it_as_cross_hardware_evidence(
