@@ -23,18 +23,23 @@ class BulkLoading:
         def set_embedding(self, item_id: str, kind: str, model: str, vector: list[float]) -> None: ...
 
     # --- bulk loading (benchmarks, large imports) -----------------------------------------------------------
-    def bulk_attempts(self, records: list[AttemptRecord], chunk: int = 5000) -> None:
-        """Insert many attempts with all their edges: nodes by UNWIND, edges by COPY (minutes -> seconds)."""
-        for start in range(0, len(records), chunk):
-            rows = [attempt_props(r) for r in records[start:start + chunk]]
-            assignments = _unwind_assignments(rows[0], ATTEMPT_COLUMNS)
-            self._exec(f"UNWIND $rows AS r CREATE (:Attempt {{{assignments}}})", {"rows": rows})
-        self._copy_edges("IN_SESSION", "Attempt", "Session", [(r.kernel_id, r.session_id) for r in records])
-        self._copy_edges("FOR_TASK", "Attempt", "Task", [(r.kernel_id, r.task_id) for r in records])
-        self._copy_edges("ON_HARDWARE", "Attempt", "Hardware", [(r.kernel_id, r.hardware_key) for r in records])
-        self._copy_edges("PREV", "Attempt", "Attempt", [(r.kernel_id, r.parent_id) for r in records if r.parent_id])
-        self._copy_edges("APPLIED", "Attempt", "Strategy",
-                         [(r.kernel_id, r.strategy_id) for r in records if r.strategy_id])
+    def bulk_attempts(self, records: list[AttemptRecord]) -> None:
+        """Insert many new attempts with their edges: nodes by a CSV COPY (an UNWIND where a value cannot be said
+        in CSV), edges by COPY, each edge only to a node that exists (the caller checks what must)."""
+        rows = [attempt_props(r) for r in records]
+        with self._lock:
+            if not self._copy_nodes("Attempt", rows):
+                assignments = _unwind_assignments(rows[0], ATTEMPT_COLUMNS)
+                self._exec(f"UNWIND $rows AS r CREATE (:Attempt {{{assignments}}})", {"rows": rows})
+            for rel, dst, key, pairs in (
+                    ("IN_SESSION", "Session", "session_id", [(r.kernel_id, r.session_id) for r in records]),
+                    ("FOR_TASK", "Task", "id", [(r.kernel_id, r.task_id) for r in records]),
+                    ("ON_HARDWARE", "Hardware", "key", [(r.kernel_id, r.hardware_key) for r in records]),
+                    ("PREV", "Attempt", "kernel_id", [(r.kernel_id, r.parent_id) for r in records if r.parent_id]),
+                    ("APPLIED", "Strategy", "strategy_id",
+                     [(r.kernel_id, r.strategy_id) for r in records if r.strategy_id])):
+                there = self.existing_ids(dst, key, [b for _, b in pairs])
+                self._copy_edges(rel, "Attempt", dst, [(a, b) for a, b in pairs if b in there])
 
     def bulk_sessions(self, records: list[SessionRecord]) -> None:
         rows = [{"id": r.session_id, "t": r.task_id, "h": r.hardware_key, "an": r.agent.name,

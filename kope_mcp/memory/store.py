@@ -128,6 +128,10 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
                     self._exec(statement)
                 self._exec("CREATE (:KopeMigration {version: $v, name: $n, applied_at: $t})",
                            {"v": version, "n": name, "t": _now()})
+                # Into the database file at once: kuzu 0.11.3 fails to replay a lesson written after the lesson
+                # index's drop (migration 6) from the write-ahead log ("Cannot find table catalog entry"), so a
+                # home killed before its next checkpoint never opened again.
+                self._exec("CHECKPOINT")
 
     def _require(self, table: str, key: str, value: str, why: str) -> None:
         # A MATCH that finds nothing makes the CREATE after it a silent no-op: never let a write vanish.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -31,7 +32,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from kope_mcp.errors import KopeError
-from kope_mcp.memory.records import LessonRecord
+from kope_mcp.memory.records import AttemptRecord, LessonRecord
+from kope_mcp.memory.schema import EMBEDDING_DIM
 from kope_mcp.services.memory import SIDECARS, ExperienceMemory, now
 from kope_mcp.services.memory_transfer import MemoryStats
 
@@ -198,20 +200,21 @@ def import_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> Im
 
 
 class _Importer:
-    """Rows in file order; consecutive lessons are written together (one statement per chunk: row by row,
-    50k lessons took 19 minutes)."""
+    """Rows in file order; consecutive lessons, attempts or embeddings are written together, a chunk at a time (row
+    by row, 50k lessons took 19 minutes and an attempt ~4 ms)."""
 
     def __init__(self, memory: ExperienceMemory, path: Path) -> None:
         self.memory, self.path = memory, path
         self.added: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
-        self.lessons: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = []  # the chunk being read: rows of one kind (CHUNK_ROWS)
+        self.kind = ""
         self.line = 0
         self.origin = ""
         self.edited: dict[str, int] = {}
         self.unhashed = 0
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kope-import-writer")
-        self._pending: tuple[Future[int], int] | None = None
+        self._pending: tuple[Future[int], int, str] | None = None
 
     def take(self, row: dict[str, Any]) -> None:
         kind = row.pop("kind")
@@ -232,10 +235,13 @@ class _Importer:
             row["origin"] = row.get("origin") or self.origin  # a re-export keeps the first home's name
             if kind == "lesson":
                 row["verified"] = False  # verified described a measurement made there
-        if kind == "lesson":
+        if kind in CHUNK_ROWS:
+            if kind != self.kind:
+                self.flush()
+            self.kind = kind
             row["_line"] = self.line
-            self.lessons.append(row)
-            if len(self.lessons) >= LESSON_CHUNK:
+            self.rows.append(row)
+            if len(self.rows) >= CHUNK_ROWS[kind]:
                 self.flush()
             return
         self.flush()
@@ -243,19 +249,20 @@ class _Importer:
         self._count(kind, 1 if _import_row(self.memory, kind, row) else 0, 1)
 
     def flush(self) -> None:
-        """Hand the chunk of lessons to the writer thread, which writes it while the next one is read and checked
-        (Kùzu's COPY runs without the GIL: a million lessons went from ~157 s to ~N s); one chunk in flight."""
-        if self.lessons:
+        """Hand the chunk read so far to the writer thread, which writes it while the next one is read and checked
+        (Kùzu's COPY runs without the GIL); one chunk in flight, so a chunk finds every earlier one written."""
+        if self.rows:
             self.wait()
-            chunk, self.lessons = self.lessons, []
-            self._pending = (self._writer.submit(_import_lessons, self.memory, self.path, chunk), len(chunk))
+            chunk, self.rows = self.rows, []
+            write = {"lesson": _import_lessons, "attempt": _import_attempts, "embedding": _import_embeddings}[self.kind]
+            self._pending = (self._writer.submit(write, self.memory, self.path, chunk), len(chunk), self.kind)
 
     def wait(self) -> None:
         """Until the chunk in flight is written (its errors are raised here)."""
         if self._pending is not None:
-            future, seen = self._pending
+            future, seen, kind = self._pending
             self._pending = None
-            self._count("lesson", future.result(), seen)
+            self._count(kind, future.result(), seen)
 
     def close(self) -> None:
         """Let the writer finish whatever it has (also when the import failed) before the memory is touched."""
@@ -273,7 +280,9 @@ class _Importer:
             del self.skipped[kind]
 
 
-LESSON_CHUNK = 20000  # lessons per write, a COPY of nodes and one per edge table (2,000: 1M lessons ~5 min)
+# Rows per write, a COPY of nodes and one per edge table (lessons by 2,000: 1M lessons took ~5 min). Attempts carry
+# their sources (kilobytes each) and embeddings 384 numbers: fewer per chunk bounds the importer's memory.
+CHUNK_ROWS = {"lesson": 20_000, "attempt": 5_000, "embedding": 5_000}
 
 
 def _import_lessons(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
@@ -301,3 +310,56 @@ def _import_lessons(memory: ExperienceMemory, path: Path, rows: list[dict[str, A
 
 def _import_row(memory: ExperienceMemory, kind: str, row: dict[str, Any]) -> bool:
     return memory.add_record(kind, row)
+
+
+def _import_attempts(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
+    """Write a chunk of attempts at once; returns how many were new. Each must find its session, task and hardware,
+    and its parent and strategy when it names them, in the memory or in this chunk, as one written alone must."""
+    for row in rows:
+        if not isinstance(row.get("kernel_id"), str):
+            raise InvalidExportError(f"{path}:{row['_line']}: an attempt needs a string kernel_id")
+    seen = memory.known_ids("Attempt", "kernel_id", [row["kernel_id"] for row in rows])
+    records: list[AttemptRecord] = []
+    lines: dict[str, int] = {}
+    for row in rows:
+        line = row.pop("_line")
+        if row["kernel_id"] in seen:
+            continue
+        seen.add(row["kernel_id"])
+        try:
+            records.append(AttemptRecord.model_validate(row))
+        except ValueError as exc:
+            raise InvalidExportError(f"{path}:{line}: {type(exc).__name__}: {exc}") from None
+        lines[row["kernel_id"]] = line
+    if not records:
+        return 0
+    for table, key, field in (("Session", "session_id", "session_id"), ("Task", "id", "task_id"),
+                              ("Hardware", "key", "hardware_key"), ("Attempt", "kernel_id", "parent_id"),
+                              ("Strategy", "strategy_id", "strategy_id")):
+        named = [value for r in records if (value := getattr(r, field))]
+        there = memory.known_ids(table, key, named) | (set(lines) if table == "Attempt" else set())
+        for record in records:
+            value = getattr(record, field)
+            if value and value not in there:
+                raise InvalidExportError(f"{path}:{lines[record.kernel_id]}: attempt {record.kernel_id!r} names "
+                                         f"{field} {value!r}, which is neither in the memory nor earlier in the file")
+    memory.add_attempts(records)
+    return len(records)
+
+
+def _import_embeddings(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
+    """Write a chunk of embeddings at once (items that have none yet); returns how many were new."""
+    out: dict[str, tuple[str, str, str, list[float]]] = {}
+    for row in rows:
+        vector = row.get("vector")
+        if not (isinstance(row.get("id"), str) and isinstance(row.get("item_kind"), str)
+                and isinstance(vector, list) and len(vector) == EMBEDDING_DIM
+                and all(isinstance(x, int | float) and math.isfinite(x) for x in vector)):
+            raise InvalidExportError(f"{path}:{row['_line']}: an embedding needs a string id and item_kind and "
+                                     f"{EMBEDDING_DIM} finite numbers")
+        out[row["id"]] = (row["id"], row["item_kind"], str(row.get("model") or ""), [float(x) for x in vector])
+    known = memory.known_ids("Embedding", "id", list(out))
+    fresh = [row for item_id, row in out.items() if item_id not in known]
+    if fresh:
+        memory.add_embeddings(fresh)
+    return len(fresh)

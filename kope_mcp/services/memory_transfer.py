@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,22 +151,42 @@ class MemoryTransfer:
         """Those of ``lesson_ids`` already in the memory."""
         return self.store.existing_ids("Lesson", "lesson_id", lesson_ids)
 
+    def known_ids(self, table: str, key: str, ids: list[str]) -> set[str]:
+        """Those of ``ids`` that are nodes of ``table`` (Task, Hardware, Session, Attempt, Strategy, Embedding)."""
+        return self.store.existing_ids(table, key, ids)
+
     def add_lessons(self, lessons: list[tuple[LessonRecord, str]]) -> None:
         """Write new lessons (with their search texts) at once: one statement and a COPY per edge table."""
-        # The read index takes them on another thread while the graph's COPY runs (Kùzu computes without the GIL):
-        # one after the other, the index was ~20% of a million lessons' import.
+        self._beside_the_index(lambda: self.index.add_lessons(lessons), lambda: self.store.bulk_lessons(lessons))
+
+    def add_attempts(self, attempts: list[AttemptRecord]) -> None:
+        """Write new attempts at once, their edges to the nodes that exist (the caller checks those that must):
+        by COPYs, where one statement per attempt took ~4 ms each (a million: more than an hour)."""
+        self._beside_the_index(lambda: self.index.add_attempts([a.__dict__ for a in attempts], replace=False),
+                               lambda: self.store.bulk_attempts(attempts))
+
+    def add_embeddings(self, rows: list[tuple[str, str, str, list[float]]]) -> None:
+        """(id, kind, model, vector) of items that have none yet: into the graph by CSV COPYs and the vector
+        file."""
+        self._beside_the_index(lambda: self.vectors.add_many([(i, k, v) for i, k, _, v in rows]),
+                               lambda: self.store.bulk_embeddings(rows))
+
+    @staticmethod
+    def _beside_the_index(index_them: Callable[[], None], store_them: Callable[[], None]) -> None:
+        # The read index (or vector file) takes a chunk on another thread while the graph's COPY runs (Kùzu
+        # computes without the GIL): one after the other, the index was ~20% of a million lessons' import.
         failed: list[BaseException] = []
 
-        def index_them() -> None:
+        def run() -> None:
             try:
-                self.index.add_lessons(lessons)
+                index_them()
             except BaseException as exc:  # re-raised on the caller's thread below
                 failed.append(exc)
 
-        worker = threading.Thread(target=index_them, name="kope-import-index")
+        worker = threading.Thread(target=run, name="kope-import-index")
         worker.start()
         try:
-            self.store.bulk_lessons(lessons)
+            store_them()
         finally:
             worker.join()
         if failed:

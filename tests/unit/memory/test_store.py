@@ -1,3 +1,5 @@
+import pytest
+
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord, StrategyRecord
 from kope_mcp.memory.rows import attempt_props
 from kope_mcp.memory.store import KuzuExperienceStore
@@ -143,3 +145,37 @@ def test_nodes_are_read_a_page_at_a_time_in_the_order_they_were_written(tmp_path
     assert [len(p) for p in pages] == [4, 4, 1]
     assert [n["kernel_id"] for p in pages for n in p] == [f"k-{i}" for i in range(1, 10)]
     assert list(store.node_pages("Lesson")) == []  # an empty table: no page at all
+
+
+@pytest.mark.slow  # a child process killed with its write-ahead log unflushed
+@pytest.mark.parametrize("home", ["new", "upgraded from schema 5"])
+def test_a_home_killed_right_after_its_migrations_opens_again(tmp_path, monkeypatch, home):
+    # Migration 6 drops Kùzu's lesson index; replaying a lesson written after the drop from the write-ahead log
+    # failed ("Cannot find table catalog entry"), so a server killed before its first checkpoint left a dead home.
+    import subprocess
+    import sys
+
+    from kope_mcp.memory import store as store_module
+    from kope_mcp.memory.records import LessonRecord
+
+    lessons = 0
+    if home != "new":
+        monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:5])  # with Kùzu's lesson index
+        old = KuzuExperienceStore(tmp_path / "memory.kuzu")
+        old.add_lesson(LessonRecord(lesson_id="x-1", text="unrolled", strategy="", verified=False, label="lesson",
+                                    confidence=0.3, created_at="2026-01-01"), "unrolled")
+        assert old.schema_version() == 5
+        old.close()
+        monkeypatch.undo()
+        lessons = 1
+    child = subprocess.run([sys.executable, "-c", (
+        "import os, sys; from pathlib import Path; from kope_mcp.memory.store import KuzuExperienceStore as S; "
+        "from kope_mcp.memory.records import LessonRecord as L; s = S(Path(sys.argv[1])); "
+        "s.upsert_task('exp', 'activation', 1, 'exp'); s.add_lesson(L(lesson_id='x-2', text='tiled', strategy='', "
+        "verified=False, label='lesson', confidence=0.3, created_at='2026-01-02'), 'tiled'); os.kill(os.getpid(), 9)"),
+        str(tmp_path / "memory.kuzu")], capture_output=True, timeout=120)
+    assert child.returncode == -9, child.stderr.decode()[-2000:]
+    reopened = KuzuExperienceStore(tmp_path / "memory.kuzu")
+    assert reopened.schema_version() == 6 and reopened.counts()["Lesson"] == lessons + 1
+    assert reopened.counts()["Task"] == 1  # the writes after the migrations, replayed from the log
+    reopened.close()

@@ -1,0 +1,128 @@
+"""`kope memory import` writes attempts, lessons and embeddings a chunk at a time (COPYs), with every edge a
+record written alone gets, and refuses a record whose session, task, hardware or parent is nowhere."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord
+from kope_mcp.memory.schema import EMBEDDING_DIM
+from kope_mcp.services import memory_admin
+from kope_mcp.services.memory import ExperienceMemory
+from kope_mcp.services.memory_admin import FORMAT, VERSION, InvalidExportError, export_line, import_memory
+
+HW = "x86_64/Intel Xeon/2c/avx2"
+
+
+def attempt(n: int, parent: int | None, session: str = "s-1") -> AttemptRecord:
+    return AttemptRecord(kernel_id=f"k-{n:05d}", session_id=session, task_id="relu", family="activation",
+                         hardware_key=HW, target="c", build_hash=f"b{n}", source=f"void kernel() {{ /* {n} */ }}",
+                         source_hash=f"h{n}", flags=["-O3"], ok=True, parent_id=f"k-{parent:05d}" if parent else None,
+                         strategy="unroll by four" if n % 2 else None, strategy_id="st-1" if n % 2 else None,
+                         created_at=f"2026-01-01T00:{n // 60 % 60:02d}:{n % 60:02d}", tested=True, correct=True,
+                         speedup=1.0 + n / 100, label="effective" if n % 3 == 0 else "unmeasured",
+                         downstream=float(n % 7))
+
+
+def unit(n: int) -> list[float]:
+    vector = [math.sin(n + i) for i in range(EMBEDDING_DIM)]
+    norm = math.sqrt(sum(x * x for x in vector))
+    return [x / norm for x in vector]
+
+
+def write_export(path: Path, attempts: list[AttemptRecord], extra: list[tuple[str, dict]] = ()) -> None:
+    lines = [json.dumps({"kind": "header", "format": FORMAT, "version": VERSION, "home_id": "elsewhere"})]
+    lines += [export_line("task", {"id": "relu", "family": "activation", "level": 1, "summary": "relu"}),
+              export_line("hardware", {"key": HW, "arch": "x86_64", "cpu_model": "Intel Xeon", "cores": 2,
+                                       "isa": '["avx2"]', "caches": "{}"}),
+              export_line("strategy", {"strategy_id": "st-1", "name": "unroll by four", "key": "four unroll",
+                                       "created_at": "2026-01-01"})]
+    for session in ("s-1", "s-2"):
+        lines.append(export_line("session", SessionRecord(session_id=session, task_id="relu", hardware_key=HW,
+                                                          agent=AgentInfo(name="claude"),
+                                                          created_at="2026-01-01").model_dump()))
+    lines += [export_line("attempt", a.model_dump()) for a in attempts]
+    lines += [export_line(kind, data) for kind, data in extra]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def edges(memory: ExperienceMemory, rel: str) -> int:
+    return int(memory.store._rows(f"MATCH ()-[r:{rel}]->() RETURN count(r) AS c")[0]["c"])
+
+
+def chain(count: int) -> list[AttemptRecord]:
+    """Parents before children, some parents several chunks back, in two sessions."""
+    return [attempt(n, parent=None if n == 1 else max(1, n // 3), session="s-1" if n % 4 else "s-2")
+            for n in range(1, count + 1)]
+
+
+def test_attempts_imported_by_chunks_get_every_edge_and_the_answers_of_attempts_written_one_by_one(
+        tmp_path, monkeypatch):
+    attempts = chain(23)
+    lessons = [LessonRecord(lesson_id=f"x-{n}", text=f"unrolling helped kernel {n}", strategy="unroll by four",
+                            strategy_id="st-1", task_id="relu", family="activation", hardware_key=HW,
+                            attempt_id=f"k-{n:05d}", verified=True, label="effective", speedup=1.5, confidence=0.9,
+                            created_at="2026-01-02") for n in (3, 9, 21)]
+    embeddings = [("embedding", {"id": f"k-{n:05d}", "item_kind": "attempt", "model": "all-MiniLM-L6-v2",
+                                 "vector": unit(n)}) for n in range(1, 8)]
+    path = tmp_path / "export.jsonl"
+    write_export(path, attempts, [("lesson", x.model_dump()) for x in lessons] + embeddings)
+    # The reference: attempts and embeddings written one statement each, as before chunks
+    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"lesson": 2})
+    reference = ExperienceMemory.open(tmp_path / "reference.kuzu", embeddings=False)
+    import_memory(reference, path)
+    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"lesson": 2, "attempt": 4, "embedding": 3})
+    chunked = ExperienceMemory.open(tmp_path / "chunked.kuzu", embeddings=False)
+    copies: list[str] = []
+    run = chunked.store._exec
+    chunked.store._exec = lambda q, p=None: (copies.append(q.split(" FROM")[0]), run(q, p))[1]
+    report = import_memory(chunked, path)
+    assert report.added == {"task": 1, "hardware": 1, "strategy": 1, "session": 2, "attempt": 23, "lesson": 3,
+                            "embedding": 7}
+    assert copies.count("COPY Attempt") == 6  # 23 attempts in chunks of 4, not 23 statements
+    counts = chunked.store.counts() | {rel: edges(chunked, rel) for rel in ("IN_SESSION", "FOR_TASK", "ON_HARDWARE")}
+    assert counts["IN_SESSION"] == counts["FOR_TASK"] - 2 == counts["ON_HARDWARE"] - 2 == 23  # sessions' too
+    assert counts["PREV"] == 22 and counts["APPLIED"] == 12 and counts["FROM_ATTEMPT"] == 3
+    assert counts["Embedding"] == 7 and len(chunked.vectors) == 7
+    assert chunked.vectors.search(unit(5), 1)[0][0] == "k-00005"
+    assert counts == reference.store.counts() | {rel: edges(reference, rel)
+                                                 for rel in ("IN_SESSION", "FOR_TASK", "ON_HARDWARE")}
+    for kernel in ("k-00009", "k-00022"):
+        assert chunked.store.lineage(kernel) == reference.store.lineage(kernel)
+        assert chunked.store.attempt(kernel) == reference.store.attempt(kernel)
+    assert chunked.index.get(["k-00012"]) == reference.index.get(["k-00012"]) != []
+    assert [a.kernel_id for a in chunked.attempts_for_task("relu", 5)] == \
+        [a.kernel_id for a in reference.attempts_for_task("relu", 5)]
+    again = import_memory(chunked, path)
+    assert not again.added and chunked.store.counts().items() <= counts.items()
+    assert edges(chunked, "IN_SESSION") == 23
+    for memory in (chunked, reference):
+        memory.close()
+
+
+@pytest.mark.parametrize("broken", ["parent", "session", "dimension"])
+def test_a_record_naming_what_is_nowhere_is_refused_with_its_line(
+        tmp_path, monkeypatch, broken):
+    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"lesson": 2, "attempt": 4, "embedding": 3})
+    attempts = chain(9)
+    extra: list[tuple[str, dict]] = []
+    if broken == "parent":
+        attempts[6] = attempts[6].model_copy(update={"parent_id": "k-99999"})
+    elif broken == "session":
+        attempts[6] = attempts[6].model_copy(update={"session_id": "s-nowhere"})
+    else:
+        extra = [("embedding", {"id": "k-00001", "item_kind": "attempt", "model": "m", "vector": [0.5, 0.5]})]
+    path = tmp_path / "export.jsonl"
+    write_export(path, attempts, extra)
+    memory = ExperienceMemory.open(tmp_path / "memory.kuzu", embeddings=False)
+    with pytest.raises(InvalidExportError) as refused:
+        import_memory(memory, path)
+    line = 7 + 6 if broken != "dimension" else 7 + 9  # a header and 5 lines of structure, then the attempts
+    assert f"export.jsonl:{line}:" in str(refused.value)
+    assert {"parent": "k-99999", "session": "s-nowhere", "dimension": f"{EMBEDDING_DIM} finite numbers"}[broken] \
+        in str(refused.value)
+    memory.close()
