@@ -10,7 +10,8 @@ not close cleanly, or one that never held every stored embedding (a memory serve
 emptied, and the stored embeddings are written into it again from the graph by the embedding backlog. Before,
 every start read all of them from the graph into Python: minutes and gigabytes at a million items.
 
-``path`` None keeps the matrix in memory (a scratch index).
+``path`` None keeps the matrix in memory (a scratch index). From 100k rows a question is answered through a coarse
+pass (coarse.py): the rows whose projections on 64 principal directions score best, then those exactly.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from kope_mcp.memory import coarse
 from kope_mcp.memory.read_index import ReadIndex
 
 SUFFIX = ".vectors"
 _SEARCH_THREADS = os.cpu_count() or 1
 _search_pool: ThreadPoolExecutor | None = None
+_EXTEND_EVERY = 4096  # rows added since the coarse pass last grew that are scored exactly until it grows again
 
 
 def to_bfloat16(vectors: np.ndarray) -> np.ndarray:
@@ -54,6 +57,8 @@ class VectorIndex:
         self._rows = index.vector_count()
         self._memory = np.zeros((0, dim), dtype=np.uint16)
         self._map: np.ndarray | None = None
+        self._coarse: coarse.CoarsePass | None = None
+        self._coarse_building = False
         if path is not None:
             with path.open("ab") as fh:  # created if missing; rows past the last one indexed are a torn write
                 fh.truncate(self._rows * self._row_bytes)
@@ -89,6 +94,9 @@ class VectorIndex:
         if block.shape[1] != self.dim:
             raise ValueError(f"a vector of {block.shape[1]} numbers where the memory holds {self.dim}")
         block = to_bfloat16(block)
+        if self._coarse is not None:
+            for n, row in enumerate(block):
+                self._coarse.replace(pos + n, row)
         if self.path is None:
             end = pos + len(block)
             if end > len(self._memory):
@@ -121,6 +129,7 @@ class VectorIndex:
             self._index.clear_vectors()
             self._rows = 0
             self._map = None
+            self._coarse = None
             self._memory = np.zeros((0, self.dim), dtype=np.uint16)
             if self.path is not None:
                 with self.path.open("r+b") as fh:
@@ -140,20 +149,53 @@ class VectorIndex:
             matrix = self._matrix()
         for start in range(0, len(matrix), 65536):
             float(matrix[start:start + 65536, 0].sum())
+        self._build_coarse()
+
+    def _build_coarse(self) -> None:
+        """The coarse pass over the rows there are, once there are enough (on the caller's thread)."""
+        with self._lock:
+            if self._coarse is not None or self._coarse_building or self._rows < coarse.MIN_ROWS:
+                return
+            self._coarse_building = True
+            matrix = self._matrix()
+        try:
+            import torch
+        except ImportError:
+            return  # brute force in numpy (_scores)
+        try:
+            built = coarse.CoarsePass(torch, matrix)
+            with self._lock:
+                if self._rows >= len(matrix):  # not cleared meanwhile
+                    self._coarse = built
+        finally:
+            self._coarse_building = False
 
     def search(self, query: list[float], k: int) -> list[tuple[str, str, float]]:
         """Top-k (id, kind, cosine) for a normalised query vector."""
         with self._lock:
             matrix = self._matrix()
+            passed = self._coarse
         if not len(matrix):
             return []
+        q = np.asarray(query, dtype=np.float32)
         # Outside the lock: rows below the count never move, and a vector replaced meanwhile is either one.
-        scores = _scores(matrix, np.asarray(query, dtype=np.float32))
+        if passed is None:
+            if len(matrix) >= coarse.MIN_ROWS and not self._coarse_building:
+                threading.Thread(target=self._build_coarse, name="kope-vector-coarse", daemon=True).start()
+            scores = _scores(matrix, q)
+            positions = np.arange(len(scores))
+        else:
+            if len(matrix) - passed.rows >= _EXTEND_EVERY:
+                passed.extend(matrix)
+            # The coarse pass's candidates, and rows it has not projected yet, scored exactly.
+            positions = np.concatenate([passed.candidates(q, coarse.CANDIDATES),
+                                        np.arange(min(passed.rows, len(matrix)), len(matrix))])
+            scores = _scores(matrix[positions], q)
         k = min(k, len(scores))
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top], kind="stable")]
-        items = self._index.vector_items([int(i) for i in top])
-        return [(*items[int(i)], float(scores[i])) for i in top if int(i) in items]
+        items = self._index.vector_items([int(positions[i]) for i in top])
+        return [(*items[int(positions[i])], float(scores[i])) for i in top if int(positions[i]) in items]
 
 
 def _scores(matrix: np.ndarray, query: np.ndarray) -> np.ndarray:

@@ -71,3 +71,35 @@ def test_a_private_index_keeps_its_vectors_in_memory():
     vectors = VectorIndex(3, index)
     vectors.add_many([(f"x-{i}", "lesson", unit(1, i, 0)) for i in range(100)])
     assert len(vectors) == 100 and vectors.search(unit(1, 0, 0), 1)[0][0] == "x-0"
+
+
+def test_a_large_memory_is_searched_through_its_coarse_pass_with_the_answers_of_brute_force(monkeypatch):
+    from kope_mcp.memory import coarse
+
+    monkeypatch.setattr(coarse, "MIN_ROWS", 3000)
+    monkeypatch.setattr(coarse, "CANDIDATES", 250)  # 5% of the rows (at a million, 8,192 are 0.8%)
+    monkeypatch.setattr(coarse, "DIMS", 16)
+    rng = np.random.default_rng(3)
+    # Like a memory's embeddings: few directions matter (40 topics in 96 dimensions), each text near its topic
+    topics = rng.normal(size=(40, 96)) * np.linspace(2, 0.1, 96)
+    rows = topics[rng.integers(0, 40, 5000)] + rng.normal(scale=0.3, size=(5000, 96))
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    index = ReadIndex(None)
+    index.attach("", database_empty=True)
+    vectors = VectorIndex(96, index)
+    vectors.add_many([(f"x-{n}", "lesson", row.tolist()) for n, row in enumerate(rows)])
+    questions = [row + rng.normal(scale=0.2, size=96) for row in rows[rng.integers(0, 5000, 30)]]
+    questions = [(q / np.linalg.norm(q)).tolist() for q in questions]
+    brute = [[hit[0] for hit in vectors.search(q, 20)] for q in questions]
+    vectors.warm()  # builds the pass: 5,000 rows are past MIN_ROWS
+    assert vectors._coarse is not None and vectors._coarse.rows == 5000
+    found = [[hit[0] for hit in vectors.search(q, 20)] for q in questions]
+    overlap = [len(set(a) & set(b)) / 20 for a, b in zip(brute, found, strict=True)]
+    assert np.mean(overlap) >= 0.95 and sum(a[0] == b[0] for a, b in zip(brute, found, strict=True)) >= 28
+    # rows added since the pass was built are scored exactly until it grows; a replaced row is found in its place
+    vectors.add("x-new", "lesson", questions[0])
+    vectors.add("x-7", "lesson", questions[1])
+    assert vectors.search(questions[0], 1)[0][0] == "x-new" and vectors.search(questions[1], 1)[0][0] == "x-7"
+    assert vectors._coarse.rows == 5000
+    vectors.clear()
+    assert vectors._coarse is None and vectors.search(questions[0], 3) == []
