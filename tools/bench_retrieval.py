@@ -5,6 +5,7 @@
     python tools/bench_retrieval.py --sizes 50000 --embeddings off
     python tools/bench_retrieval.py --sizes 2000 --order "newest first" "oldest first" shuffled
     python tools/bench_retrieval.py --size 1000000                # a million lessons: every figure in one run
+    python tools/bench_retrieval.py --size 1000000 --attempts 1000000   # and a million attempts beside them
 
 For each size: a corpus is generated (kope_mcp/bench/retrieval_corpus.py: wins, pitfalls and compile-error fixes
 on four kinds of hardware, buried in hard noise), imported once by `kope memory import` (timed), asked without
@@ -166,11 +167,15 @@ def main() -> None:
                         help="selection configs to compare: preset names (evidence, recency, text) or JSON files "
                              "of SelectionConfig fields (as KOPE_SELECTION takes)")
     parser.add_argument("--misses", action="store_true", help="list each query that found nothing relevant")
+    parser.add_argument("--attempts", type=int, default=0,
+                        help="attempts added as noise (sessions of compiles and tests, nothing measured; ~1.7 KB of "
+                             "source each): a memory of lessons and attempts")
     args = parser.parse_args()
     for size in args.sizes:
-        corpus = generate(size)
+        corpus = generate(size, attempts=args.attempts)
         distinct = len({lesson.get("search_text") or lesson["text"] for lesson in corpus.lessons})
-        print(f"\n## {len(corpus.lessons)} lessons ({distinct} distinct texts), {len(corpus.queries)} queries "
+        print(f"\n## {len(corpus.lessons)} lessons ({distinct} distinct texts), {len(corpus.attempts)} attempts, "
+              f"{len(corpus.queries)} queries "
               f"({', '.join(f'{k} {sum(q.kind == k for q in corpus.queries)}' for k in kinds(corpus.queries))})",
               flush=True)
         for order in args.order:

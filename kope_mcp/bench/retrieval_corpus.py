@@ -209,8 +209,9 @@ class Corpus:
 CORPUS_HOME = "retrieval-corpus"
 
 
-def generate(size: int, seed: int = 7) -> Corpus:
-    """About ``size`` lessons (ground truth plus noise) and the queries that have answers in them."""
+def generate(size: int, seed: int = 7, attempts: int = 0) -> Corpus:
+    """About ``size`` lessons (ground truth plus noise) and the queries that have answers in them; with ``attempts``,
+    about that many more attempts as noise (sessions of compiles, tests and slips, nothing measured)."""
     rng = random.Random(seed)
     registry = TaskRegistry.default()
     tasks = [t for t in registry.list()]
@@ -257,11 +258,11 @@ def generate(size: int, seed: int = 7) -> Corpus:
         fixes[name] = (lesson(text, name, "compile_error", task=task, hw=HERE), error, task)
     general = {name: (lesson(text, name, "lesson", task=None, hw=None), asked) for name, text, asked in GENERAL}
     sessions: list[dict] = []
-    attempts: list[dict] = []
+    attempt_rows: list[dict] = []
     transfers = {}
     for name, recorded, asked, tried, text in ERROR_TRANSFERS:
         task = rng.choice(known)
-        failed = _error_and_fix(rng, clock, task, family_of[task], recorded, tried, name, sessions, attempts)
+        failed = _error_and_fix(rng, clock, task, family_of[task], recorded, tried, name, sessions, attempt_rows)
         transfers[name] = (failed, lesson(text, name, "compile_error", task=task, hw=HERE, attempt=failed), asked,
                            task)
 
@@ -288,6 +289,10 @@ def generate(size: int, seed: int = 7) -> Corpus:
             x = round(rng.uniform(0.9, 0.99), 2)
             lesson(f"{tweak} made {task} slightly slower on {hw}: {x}x", tweak, "ineffective", task=task, hw=hw,
                    speedup=x)
+
+    # Drawn from a generator of their own: the same lessons and questions with and without them.
+    noise = random.Random(seed + 1)
+    _noise_attempts(noise, _Clock(noise), attempts, [(t, family_of[t]) for t in known], sessions, attempt_rows)
 
     # Queries, as an agent asks them.
     cpu_pairs = [(t, hw) for (t, hw) in wins if HARDWARE[hw] == "cpu"]
@@ -342,7 +347,7 @@ def generate(size: int, seed: int = 7) -> Corpus:
                              {lid for lid, _ in wins[(task, hw)]}, _other_kind(wins, task, hw)))
     task_rows = [{"id": t.id, "family": t.spec.family, "level": t.spec.level, "summary": t.spec.summary}
                  for t in tasks]
-    return Corpus(lessons=lessons, queries=queries, tasks=task_rows, sessions=sessions, attempts=attempts)
+    return Corpus(lessons=lessons, queries=queries, tasks=task_rows, sessions=sessions, attempts=attempt_rows)
 
 
 def _error_and_fix(rng: random.Random, clock: _Clock, task: str, family: str, message: str, tried: str, fix: str,
@@ -364,6 +369,41 @@ def _error_and_fix(rng: random.Random, clock: _Clock, task: str, family: str, me
                                   source_hash=f"{rng.randrange(16**16):016x}", ok=True, parent_id=failed,
                                   strategy=fix, tested=True, correct=True, **common).model_dump())
     return failed
+
+
+def _noise_attempts(rng: random.Random, clock: _Clock, count: int, tasks: list[tuple[str, str]], sessions: list[dict],
+                    attempts: list[dict]) -> None:
+    """``count`` attempts in sessions of 1-40 on one task, on this machine (the export names no other): each the
+    child of the one before, most compiled and tested but never profiled, some with a slip the next one fixed.
+    Plain dicts in the export's form (a million pydantic records took minutes to build)."""
+    template = AttemptRecord(kernel_id="", session_id="", task_id="", family="", hardware_key=HERE, target="c",
+                             build_hash="", source_hash="", flags=["-O3", "-march=native"], ok=True, created_at="",
+                             agent="kope-bench 1").model_dump()
+    made = 0
+    while made < count:
+        task, family = rng.choice(tasks)
+        hw = HERE
+        session = f"s-{rng.randrange(16**12):012x}"
+        created = clock.next()
+        sessions.append(SessionRecord(session_id=session, task_id=task, hardware_key=hw, created_at=created,
+                                      agent=AgentInfo(name="kope-bench", version="1")).model_dump())
+        parent = None
+        for step in range(min(count - made, rng.randint(1, 40))):
+            kernel = f"k-{rng.randrange(16**12):012x}"
+            slip = rng.choice(SLIPS) if rng.random() < 0.15 else None
+            tweak = rng.choice(TWEAKS)
+            source = (f"#include <stdint.h>\n// {task}, step {step}: {tweak}\nvoid kernel(const float *restrict x, "
+                      f"float *restrict y, int64_t n) {{\n  for (int64_t i = 0; i < n; i++) y[i] = x[i] * "
+                      f"{rng.random():.6f}f;\n}}\n" * 3)
+            attempts.append(template | {
+                "kernel_id": kernel, "session_id": session, "task_id": task, "family": family, "hardware_key": hw,
+                "build_hash": "" if slip else f"{rng.randrange(16**16):016x}", "source": source,
+                "source_hash": f"{rng.randrange(16**16):016x}", "ok": slip is None, "parent_id": parent,
+                "strategy": tweak, "created_at": created, "error_signature": compile_signature(slip) if slip else None,
+                "diagnostics_digest": f"7:3 {slip}" if slip else "", "tested": slip is None,
+                "correct": True if slip is None else None, "label": "compile_error" if slip else "unmeasured"})
+            parent = kernel
+            made += 1
 
 
 def _other_kind(wins: dict[tuple[str, str], list[tuple[str, Strategy]]], task: str, hw: str) -> set[str]:

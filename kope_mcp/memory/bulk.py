@@ -42,12 +42,23 @@ class BulkLoading:
                 self._copy_edges(rel, "Attempt", dst, [(a, b) for a, b in pairs if b in there])
 
     def bulk_sessions(self, records: list[SessionRecord]) -> None:
-        rows = [{"id": r.session_id, "t": r.task_id, "h": r.hardware_key, "an": r.agent.name,
-                 "av": r.agent.version, "c": r.created_at} for r in records]
-        self._exec("UNWIND $rows AS r CREATE (:Session {session_id: r.id, task_id: r.t, hardware_key: r.h, "
-                   "agent_name: r.an, agent_version: r.av, created_at: r.c})", {"rows": rows})
-        self._copy_edges("FOR_TASK", "Session", "Task", [(r.session_id, r.task_id) for r in records])
-        self._copy_edges("ON_HARDWARE", "Session", "Hardware", [(r.session_id, r.hardware_key) for r in records])
+        """Insert many new sessions with their edges to the tasks and hardware that exist (the caller checks)."""
+        rows = [{"session_id": r.session_id, "task_id": r.task_id, "hardware_key": r.hardware_key,
+                 "agent_name": r.agent.name, "agent_version": r.agent.version, "agent_label": r.agent.label,
+                 "created_at": r.created_at, "incumbent_id": r.incumbent_id, "incumbent_speedup": r.incumbent_speedup}
+                for r in records]
+        with self._lock:
+            if not self._copy_nodes("Session", rows):
+                self._exec("UNWIND $rows AS r CREATE (:Session {session_id: r.session_id, task_id: r.task_id, "
+                           "hardware_key: r.hardware_key, agent_name: r.agent_name, agent_version: r.agent_version, "
+                           "agent_label: CAST(r.agent_label AS STRING), created_at: r.created_at, "
+                           "incumbent_id: CAST(r.incumbent_id AS STRING), "
+                           "incumbent_speedup: CAST(r.incumbent_speedup AS DOUBLE)})", {"rows": rows})
+            for rel, dst, key, pairs in (("FOR_TASK", "Task", "id", [(r.session_id, r.task_id) for r in records]),
+                                         ("ON_HARDWARE", "Hardware", "key",
+                                          [(r.session_id, r.hardware_key) for r in records])):
+                there = self.existing_ids(dst, key, [b for _, b in pairs])
+                self._copy_edges(rel, "Session", dst, [(a, b) for a, b in pairs if b in there])
 
     def bulk_lessons(self, records: list[tuple[LessonRecord, str]]) -> None:
         """Insert many lessons with their edges to the attempts, strategies and tasks that exist."""

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from kope_mcp.errors import KopeError
-from kope_mcp.memory.records import AttemptRecord, LessonRecord
+from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord
 from kope_mcp.memory.schema import EMBEDDING_DIM
 from kope_mcp.services.memory import SIDECARS, ExperienceMemory, now
 from kope_mcp.services.memory_transfer import MemoryStats
@@ -254,7 +254,8 @@ class _Importer:
         if self.rows:
             self.wait()
             chunk, self.rows = self.rows, []
-            write = {"lesson": _import_lessons, "attempt": _import_attempts, "embedding": _import_embeddings}[self.kind]
+            write = {"session": _import_sessions, "attempt": _import_attempts, "lesson": _import_lessons,
+                     "embedding": _import_embeddings}[self.kind]
             self._pending = (self._writer.submit(write, self.memory, self.path, chunk), len(chunk), self.kind)
 
     def wait(self) -> None:
@@ -282,7 +283,7 @@ class _Importer:
 
 # Rows per write, a COPY of nodes and one per edge table (lessons by 2,000: 1M lessons took ~5 min). Attempts carry
 # their sources (kilobytes each) and embeddings 384 numbers: fewer per chunk bounds the importer's memory.
-CHUNK_ROWS = {"lesson": 20_000, "attempt": 5_000, "embedding": 5_000}
+CHUNK_ROWS = {"session": 20_000, "attempt": 20_000, "lesson": 20_000, "embedding": 5_000}
 
 
 def _import_lessons(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
@@ -312,6 +313,47 @@ def _import_row(memory: ExperienceMemory, kind: str, row: dict[str, Any]) -> boo
     return memory.add_record(kind, row)
 
 
+def _import_sessions(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
+    """Write a chunk of sessions at once; returns how many were new. Each must find its task and hardware."""
+    for row in rows:
+        if not isinstance(row.get("session_id"), str):
+            raise InvalidExportError(f"{path}:{row['_line']}: a session needs a string session_id")
+    seen = memory.known_ids("Session", "session_id", [row["session_id"] for row in rows])
+    records: list[SessionRecord] = []
+    lines: dict[str, int] = {}
+    for row in rows:
+        line = row.pop("_line")
+        if row["session_id"] in seen:
+            continue
+        seen.add(row["session_id"])
+        try:
+            records.append(SessionRecord.model_validate(row))
+        except ValueError as exc:
+            raise InvalidExportError(f"{path}:{line}: {type(exc).__name__}: {exc}") from None
+        lines[row["session_id"]] = line
+    _require_named(memory, path, "session", records, lines, (("Task", "id", "task_id"),
+                                                              ("Hardware", "key", "hardware_key")))
+    if records:
+        memory.add_sessions(records)
+    return len(records)
+
+
+def _require_named(memory: ExperienceMemory, path: Path, kind: str, records: list[Any], lines: dict[str, int],
+                   named: tuple[tuple[str, str, str], ...], own: str = "") -> None:
+    """Refuse the first record that names a node (table, key, its field) that is neither in the memory nor, for
+    ``own``, among these records, as a record written alone would be."""
+    key_of = {"session": "session_id", "attempt": "kernel_id"}[kind]
+    for table, key, field in named:
+        values = [value for r in records if (value := getattr(r, field))]
+        there = memory.known_ids(table, key, values) | (set(lines) if table == own else set())
+        for record in records:
+            value = getattr(record, field)
+            if value and value not in there:
+                ident = getattr(record, key_of)
+                raise InvalidExportError(f"{path}:{lines[ident]}: {kind} {ident!r} names {field} {value!r}, which "
+                                         "is neither in the memory nor earlier in the file")
+
+
 def _import_attempts(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
     """Write a chunk of attempts at once; returns how many were new. Each must find its session, task and hardware,
     and its parent and strategy when it names them, in the memory or in this chunk, as one written alone must."""
@@ -333,16 +375,9 @@ def _import_attempts(memory: ExperienceMemory, path: Path, rows: list[dict[str, 
         lines[row["kernel_id"]] = line
     if not records:
         return 0
-    for table, key, field in (("Session", "session_id", "session_id"), ("Task", "id", "task_id"),
-                              ("Hardware", "key", "hardware_key"), ("Attempt", "kernel_id", "parent_id"),
-                              ("Strategy", "strategy_id", "strategy_id")):
-        named = [value for r in records if (value := getattr(r, field))]
-        there = memory.known_ids(table, key, named) | (set(lines) if table == "Attempt" else set())
-        for record in records:
-            value = getattr(record, field)
-            if value and value not in there:
-                raise InvalidExportError(f"{path}:{lines[record.kernel_id]}: attempt {record.kernel_id!r} names "
-                                         f"{field} {value!r}, which is neither in the memory nor earlier in the file")
+    _require_named(memory, path, "attempt", records, lines, (
+        ("Session", "session_id", "session_id"), ("Task", "id", "task_id"), ("Hardware", "key", "hardware_key"),
+        ("Attempt", "kernel_id", "parent_id"), ("Strategy", "strategy_id", "strategy_id")), own="Attempt")
     memory.add_attempts(records)
     return len(records)
 

@@ -165,6 +165,10 @@ class MemoryTransfer:
         self._beside_the_index(lambda: self.index.add_attempts([a.__dict__ for a in attempts], replace=False),
                                lambda: self.store.bulk_attempts(attempts))
 
+    def add_sessions(self, sessions: list[SessionRecord]) -> None:
+        """Write new sessions at once, their edges to the tasks and hardware that exist (the caller checks)."""
+        self.store.bulk_sessions(sessions)
+
     def add_embeddings(self, rows: list[tuple[str, str, str, list[float]]]) -> None:
         """(id, kind, model, vector) of items that have none yet: into the graph by CSV COPYs and the vector
         file."""

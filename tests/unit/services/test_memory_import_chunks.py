@@ -75,7 +75,7 @@ def test_attempts_imported_by_chunks_get_every_edge_and_the_answers_of_attempts_
     monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"lesson": 2})
     reference = ExperienceMemory.open(tmp_path / "reference.kuzu", embeddings=False)
     import_memory(reference, path)
-    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"lesson": 2, "attempt": 4, "embedding": 3})
+    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"session": 1, "lesson": 2, "attempt": 4, "embedding": 3})
     chunked = ExperienceMemory.open(tmp_path / "chunked.kuzu", embeddings=False)
     copies: list[str] = []
     run = chunked.store._exec
@@ -84,6 +84,8 @@ def test_attempts_imported_by_chunks_get_every_edge_and_the_answers_of_attempts_
     assert report.added == {"task": 1, "hardware": 1, "strategy": 1, "session": 2, "attempt": 23, "lesson": 3,
                             "embedding": 7}
     assert copies.count("COPY Attempt") == 6  # 23 attempts in chunks of 4, not 23 statements
+    assert copies.count("COPY Session") == 2
+    assert chunked.store.sessions() == reference.store.sessions()
     counts = chunked.store.counts() | {rel: edges(chunked, rel) for rel in ("IN_SESSION", "FOR_TASK", "ON_HARDWARE")}
     assert counts["IN_SESSION"] == counts["FOR_TASK"] - 2 == counts["ON_HARDWARE"] - 2 == 23  # sessions' too
     assert counts["PREV"] == 22 and counts["APPLIED"] == 12 and counts["FROM_ATTEMPT"] == 3
@@ -104,25 +106,31 @@ def test_attempts_imported_by_chunks_get_every_edge_and_the_answers_of_attempts_
         memory.close()
 
 
-@pytest.mark.parametrize("broken", ["parent", "session", "dimension"])
+@pytest.mark.parametrize("broken", ["parent", "session", "dimension", "task of a session"])
 def test_a_record_naming_what_is_nowhere_is_refused_with_its_line(
         tmp_path, monkeypatch, broken):
-    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"lesson": 2, "attempt": 4, "embedding": 3})
+    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"session": 2, "lesson": 2, "attempt": 4, "embedding": 3})
     attempts = chain(9)
     extra: list[tuple[str, dict]] = []
     if broken == "parent":
         attempts[6] = attempts[6].model_copy(update={"parent_id": "k-99999"})
     elif broken == "session":
         attempts[6] = attempts[6].model_copy(update={"session_id": "s-nowhere"})
-    else:
+    elif broken == "dimension":
         extra = [("embedding", {"id": "k-00001", "item_kind": "attempt", "model": "m", "vector": [0.5, 0.5]})]
     path = tmp_path / "export.jsonl"
     write_export(path, attempts, extra)
+    if broken == "task of a session":
+        lines = path.read_text().splitlines()
+        session = {k: v for k, v in json.loads(lines[5]).items() if k not in ("kind", "sha256")}
+        lines[5] = export_line("session", session | {"task_id": "no-such-task"})
+        path.write_text("\n".join(lines) + "\n")
     memory = ExperienceMemory.open(tmp_path / "memory.kuzu", embeddings=False)
     with pytest.raises(InvalidExportError) as refused:
         import_memory(memory, path)
-    line = 7 + 6 if broken != "dimension" else 7 + 9  # a header and 5 lines of structure, then the attempts
+    # a header and 5 lines of structure (the sessions on lines 5 and 6), then the attempts
+    line = {"parent": 13, "session": 13, "dimension": 16, "task of a session": 6}[broken]
     assert f"export.jsonl:{line}:" in str(refused.value)
-    assert {"parent": "k-99999", "session": "s-nowhere", "dimension": f"{EMBEDDING_DIM} finite numbers"}[broken] \
-        in str(refused.value)
+    assert {"parent": "k-99999", "session": "s-nowhere", "dimension": f"{EMBEDDING_DIM} finite numbers",
+            "task of a session": "no-such-task"}[broken] in str(refused.value)
     memory.close()
