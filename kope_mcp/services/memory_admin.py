@@ -185,7 +185,7 @@ def import_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> Im
             for number, line in enumerate(fh, start=2):
                 importer.line = number
                 if line.strip():
-                    importer.take(json.loads(line))
+                    importer.take(json.loads(line), len(line))
             importer.flush()
             importer.wait()
     except (KeyError, ValueError) as exc:
@@ -207,7 +207,8 @@ class _Importer:
         self.memory, self.path = memory, path
         self.added: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
-        self.rows: list[dict[str, Any]] = []  # the chunk being read: rows of one kind (CHUNK_ROWS)
+        self.rows: list[dict[str, Any]] = []  # the chunk being read: rows of one kind (CHUNK_ROWS, CHUNK_BYTES)
+        self.bytes = 0
         self.kind = ""
         self.line = 0
         self.origin = ""
@@ -216,7 +217,8 @@ class _Importer:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kope-import-writer")
         self._pending: tuple[Future[int], int, str] | None = None
 
-    def take(self, row: dict[str, Any]) -> None:
+    def take(self, row: dict[str, Any], size: int = 0) -> None:
+        """One record of the file; ``size``: its line's length (a chunk ends at CHUNK_BYTES of lines)."""
         kind = row.pop("kind")
         claimed = row.pop("sha256", None)
         if claimed is None:
@@ -241,7 +243,8 @@ class _Importer:
             self.kind = kind
             row["_line"] = self.line
             self.rows.append(row)
-            if len(self.rows) >= CHUNK_ROWS[kind]:
+            self.bytes += size
+            if len(self.rows) >= CHUNK_ROWS[kind] or self.bytes >= CHUNK_BYTES:
                 self.flush()
             return
         self.flush()
@@ -253,7 +256,7 @@ class _Importer:
         (Kùzu's COPY runs without the GIL); one chunk in flight, so a chunk finds every earlier one written."""
         if self.rows:
             self.wait()
-            chunk, self.rows = self.rows, []
+            chunk, self.rows, self.bytes = self.rows, [], 0
             write = {"session": _import_sessions, "attempt": _import_attempts, "lesson": _import_lessons,
                      "embedding": _import_embeddings}[self.kind]
             self._pending = (self._writer.submit(write, self.memory, self.path, chunk), len(chunk), self.kind)
@@ -284,6 +287,9 @@ class _Importer:
 # Rows per write, a COPY of nodes and one per edge table (lessons by 2,000: 1M lessons took ~5 min). Attempts carry
 # their sources (kilobytes each) and embeddings 384 numbers: fewer per chunk bounds the importer's memory.
 CHUNK_ROWS = {"session": 20_000, "attempt": 20_000, "lesson": 20_000, "embedding": 5_000}
+# and at most this many bytes of lines: an attempt's source can be hundreds of kilobytes, and a chunk of 20k
+# attempts of ~2 KB each took the importer past 1.3 GB (two chunks are in memory: one written, one read).
+CHUNK_BYTES = 8 * 1024**2
 
 
 def _import_lessons(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:

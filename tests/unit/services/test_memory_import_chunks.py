@@ -134,3 +134,18 @@ def test_a_record_naming_what_is_nowhere_is_refused_with_its_line(
     assert {"parent": "k-99999", "session": "s-nowhere", "dimension": f"{EMBEDDING_DIM} finite numbers",
             "task of a session": "no-such-task"}[broken] in str(refused.value)
     memory.close()
+
+
+def test_a_chunk_ends_at_its_byte_budget_whatever_its_rows(tmp_path, monkeypatch):
+    # An attempt's source can be hundreds of kilobytes: a chunk of rows alone would not bound the importer's memory
+    attempts = [a.model_copy(update={"source": f"/* {n} */" + "x" * 3000}) for n, a in enumerate(chain(12))]
+    path = tmp_path / "export.jsonl"
+    write_export(path, attempts)
+    monkeypatch.setattr(memory_admin, "CHUNK_BYTES", 10_000)  # three attempts' lines
+    memory = ExperienceMemory.open(tmp_path / "memory.kuzu", embeddings=False)
+    copies: list[str] = []
+    run = memory.store._exec
+    memory.store._exec = lambda q, p=None: (copies.append(q.split(" FROM")[0]), run(q, p))[1]
+    assert import_memory(memory, path).added["attempt"] == 12
+    assert copies.count("COPY Attempt") == 4 and memory.store.counts()["PREV"] == 11
+    memory.close()
