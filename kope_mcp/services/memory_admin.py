@@ -319,72 +319,62 @@ def _import_row(memory: ExperienceMemory, kind: str, row: dict[str, Any]) -> boo
     return memory.add_record(kind, row)
 
 
-def _import_sessions(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
-    """Write a chunk of sessions at once; returns how many were new. Each must find its task and hardware."""
+# What a chunk's records must find, in the memory or (for `own`) among themselves, as a record written alone must:
+# (kind, its id field, its table, its model, [(table, key, field naming a node of it)], own table).
+_CHUNKED: dict[str, tuple[str, str, type[Any], tuple[tuple[str, str, str], ...], str]] = {
+    "session": ("session_id", "Session", SessionRecord,
+                (("Task", "id", "task_id"), ("Hardware", "key", "hardware_key")), ""),
+    "attempt": ("kernel_id", "Attempt", AttemptRecord,
+                (("Session", "session_id", "session_id"), ("Task", "id", "task_id"),
+                 ("Hardware", "key", "hardware_key"), ("Attempt", "kernel_id", "parent_id"),
+                 ("Strategy", "strategy_id", "strategy_id")), "Attempt"),
+}
+
+
+def _new_records(memory: ExperienceMemory, path: Path, kind: str, rows: list[dict[str, Any]]) -> list[Any]:
+    """The chunk's records that are not in the memory yet, validated, each finding the nodes it names."""
+    id_field, table, model, named, own = _CHUNKED[kind]
     for row in rows:
-        if not isinstance(row.get("session_id"), str):
-            raise InvalidExportError(f"{path}:{row['_line']}: a session needs a string session_id")
-    seen = memory.known_ids("Session", "session_id", [row["session_id"] for row in rows])
-    records: list[SessionRecord] = []
+        if not isinstance(row.get(id_field), str):
+            raise InvalidExportError(f"{path}:{row['_line']}: a {kind} needs a string {id_field}")
+    seen = memory.known_ids(table, id_field, [row[id_field] for row in rows])
+    records: list[Any] = []
     lines: dict[str, int] = {}
     for row in rows:
         line = row.pop("_line")
-        if row["session_id"] in seen:
+        if row[id_field] in seen:
             continue
-        seen.add(row["session_id"])
+        seen.add(row[id_field])
         try:
-            records.append(SessionRecord.model_validate(row))
+            records.append(model.model_validate(row))
         except ValueError as exc:
             raise InvalidExportError(f"{path}:{line}: {type(exc).__name__}: {exc}") from None
-        lines[row["session_id"]] = line
-    _require_named(memory, path, "session", records, lines, (("Task", "id", "task_id"),
-                                                              ("Hardware", "key", "hardware_key")))
+        lines[row[id_field]] = line
+    for other, key, field in named:
+        values = [value for r in records if (value := getattr(r, field))]
+        there = memory.known_ids(other, key, values) | (set(lines) if other == own else set())
+        for record in records:
+            value = getattr(record, field)
+            if value and value not in there:
+                ident = getattr(record, id_field)
+                raise InvalidExportError(f"{path}:{lines[ident]}: {kind} {ident!r} names {field} {value!r}, which "
+                                         "is neither in the memory nor earlier in the file")
+    return records
+
+
+def _import_sessions(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
+    """Write a chunk of sessions at once; returns how many were new."""
+    records = _new_records(memory, path, "session", rows)
     if records:
         memory.add_sessions(records)
     return len(records)
 
 
-def _require_named(memory: ExperienceMemory, path: Path, kind: str, records: list[Any], lines: dict[str, int],
-                   named: tuple[tuple[str, str, str], ...], own: str = "") -> None:
-    """Refuse the first record that names a node (table, key, its field) that is neither in the memory nor, for
-    ``own``, among these records, as a record written alone would be."""
-    key_of = {"session": "session_id", "attempt": "kernel_id"}[kind]
-    for table, key, field in named:
-        values = [value for r in records if (value := getattr(r, field))]
-        there = memory.known_ids(table, key, values) | (set(lines) if table == own else set())
-        for record in records:
-            value = getattr(record, field)
-            if value and value not in there:
-                ident = getattr(record, key_of)
-                raise InvalidExportError(f"{path}:{lines[ident]}: {kind} {ident!r} names {field} {value!r}, which "
-                                         "is neither in the memory nor earlier in the file")
-
-
 def _import_attempts(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
-    """Write a chunk of attempts at once; returns how many were new. Each must find its session, task and hardware,
-    and its parent and strategy when it names them, in the memory or in this chunk, as one written alone must."""
-    for row in rows:
-        if not isinstance(row.get("kernel_id"), str):
-            raise InvalidExportError(f"{path}:{row['_line']}: an attempt needs a string kernel_id")
-    seen = memory.known_ids("Attempt", "kernel_id", [row["kernel_id"] for row in rows])
-    records: list[AttemptRecord] = []
-    lines: dict[str, int] = {}
-    for row in rows:
-        line = row.pop("_line")
-        if row["kernel_id"] in seen:
-            continue
-        seen.add(row["kernel_id"])
-        try:
-            records.append(AttemptRecord.model_validate(row))
-        except ValueError as exc:
-            raise InvalidExportError(f"{path}:{line}: {type(exc).__name__}: {exc}") from None
-        lines[row["kernel_id"]] = line
-    if not records:
-        return 0
-    _require_named(memory, path, "attempt", records, lines, (
-        ("Session", "session_id", "session_id"), ("Task", "id", "task_id"), ("Hardware", "key", "hardware_key"),
-        ("Attempt", "kernel_id", "parent_id"), ("Strategy", "strategy_id", "strategy_id")), own="Attempt")
-    memory.add_attempts(records)
+    """Write a chunk of attempts at once; returns how many were new."""
+    records = _new_records(memory, path, "attempt", rows)
+    if records:
+        memory.add_attempts(records)
     return len(records)
 
 
