@@ -31,15 +31,11 @@ class BulkLoading:
             if not self._copy_nodes("Attempt", rows):
                 assignments = _unwind_assignments(rows[0], ATTEMPT_COLUMNS)
                 self._exec(f"UNWIND $rows AS r CREATE (:Attempt {{{assignments}}})", {"rows": rows})
-            for rel, dst, key, pairs in (
-                    ("IN_SESSION", "Session", "session_id", [(r.kernel_id, r.session_id) for r in records]),
-                    ("FOR_TASK", "Task", "id", [(r.kernel_id, r.task_id) for r in records]),
-                    ("ON_HARDWARE", "Hardware", "key", [(r.kernel_id, r.hardware_key) for r in records]),
-                    ("PREV", "Attempt", "kernel_id", [(r.kernel_id, r.parent_id) for r in records if r.parent_id]),
-                    ("APPLIED", "Strategy", "strategy_id",
-                     [(r.kernel_id, r.strategy_id) for r in records if r.strategy_id])):
-                there = self.existing_ids(dst, key, [b for _, b in pairs])
-                self._copy_edges(rel, "Attempt", dst, [(a, b) for a, b in pairs if b in there])
+            self._link("IN_SESSION", "Attempt", "Session", "session_id", [(r.kernel_id, r.session_id) for r in records])
+            self._link("FOR_TASK", "Attempt", "Task", "id", [(r.kernel_id, r.task_id) for r in records])
+            self._link("ON_HARDWARE", "Attempt", "Hardware", "key", [(r.kernel_id, r.hardware_key) for r in records])
+            self._link("PREV", "Attempt", "Attempt", "kernel_id", [(r.kernel_id, r.parent_id) for r in records])
+            self._link("APPLIED", "Attempt", "Strategy", "strategy_id", [(r.kernel_id, r.strategy_id) for r in records])
 
     def bulk_sessions(self, records: list[SessionRecord]) -> None:
         """Insert many new sessions with their edges to the tasks and hardware that exist (the caller checks)."""
@@ -54,11 +50,8 @@ class BulkLoading:
                            "agent_label: CAST(r.agent_label AS STRING), created_at: r.created_at, "
                            "incumbent_id: CAST(r.incumbent_id AS STRING), "
                            "incumbent_speedup: CAST(r.incumbent_speedup AS DOUBLE)})", {"rows": rows})
-            for rel, dst, key, pairs in (("FOR_TASK", "Task", "id", [(r.session_id, r.task_id) for r in records]),
-                                         ("ON_HARDWARE", "Hardware", "key",
-                                          [(r.session_id, r.hardware_key) for r in records])):
-                there = self.existing_ids(dst, key, [b for _, b in pairs])
-                self._copy_edges(rel, "Session", dst, [(a, b) for a, b in pairs if b in there])
+            self._link("FOR_TASK", "Session", "Task", "id", [(r.session_id, r.task_id) for r in records])
+            self._link("ON_HARDWARE", "Session", "Hardware", "key", [(r.session_id, r.hardware_key) for r in records])
 
     def bulk_lessons(self, records: list[tuple[LessonRecord, str]]) -> None:
         """Insert many lessons with their edges to the attempts, strategies and tasks that exist."""
@@ -68,16 +61,16 @@ class BulkLoading:
                 assignments = _unwind_assignments(rows[0], LESSON_COLUMNS)
                 self._exec(f"UNWIND $rows AS r CREATE (:Lesson {{{assignments}}})", {"rows": rows})
             lessons = [lesson for lesson, _ in records]
-            attempts = self.existing_ids("Attempt", "kernel_id", [x.attempt_id for x in lessons if x.attempt_id])
-            strategies = self.existing_ids("Strategy", "strategy_id",
-                                           [x.strategy_id for x in lessons if x.strategy_id])
-            tasks = self.existing_ids("Task", "id", [x.task_id for x in lessons if x.task_id])
-            self._copy_edges("FROM_ATTEMPT", "Lesson", "Attempt",
-                             [(x.lesson_id, x.attempt_id) for x in lessons if x.attempt_id in attempts])
-            self._copy_edges("ABOUT", "Lesson", "Strategy",
-                             [(x.lesson_id, x.strategy_id) for x in lessons if x.strategy_id in strategies])
-            self._copy_edges("ABOUT", "Lesson", "Task",
-                             [(x.lesson_id, x.task_id) for x in lessons if x.task_id in tasks])
+            self._link("FROM_ATTEMPT", "Lesson", "Attempt", "kernel_id", [(x.lesson_id, x.attempt_id) for x in lessons])
+            self._link("ABOUT", "Lesson", "Strategy", "strategy_id", [(x.lesson_id, x.strategy_id) for x in lessons])
+            self._link("ABOUT", "Lesson", "Task", "id", [(x.lesson_id, x.task_id) for x in lessons])
+
+    def _link(self, rel: str, src: str, dst: str, key: str, pairs: list[tuple[str, str | None]]) -> None:
+        """COPY the edges ``rel`` from new ``src`` nodes to the ``dst`` nodes (by ``key``) that exist; a pair
+        naming none, or a node that is not there, gets no edge."""
+        named = [(a, b) for a, b in pairs if b]
+        there = self.existing_ids(dst, key, [b for _, b in named])
+        self._copy_edges(rel, src, dst, [(a, b) for a, b in named if b in there])
 
     def existing_ids(self, table: str, key: str, ids: list[str]) -> set[str]:
         """Which of ``ids`` are nodes of ``table`` (one query, not one per id)."""

@@ -3,7 +3,7 @@ the stored vectors, kept in memory; a question's candidates are the rows whose p
 those are scored exactly (vectors.py).
 
 A brute-force pass over a million 384-dim bfloat16 rows reads 768 MB per question (45-110 ms on two cores here);
-the projections are 128 MB (a scan ~14 ms, the top 8,192 ~7 ms, their exact scores ~3 ms). The embeddings of
+the projections are 128 MB (a scan ~14 ms, the top 8,192 ~7 ms, gathering those rows ~2 ms). The embeddings of
 one memory share few directions: 64 of them hold ~96% of the variance of the suite's lessons, and on 16k of their
 embeddings the exact top 50 was found among the coarse top 0.4% with recall 0.97, among the top 0.8% with 0.99.
 

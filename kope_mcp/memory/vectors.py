@@ -59,6 +59,7 @@ class VectorIndex:
         self._map: np.ndarray | None = None
         self._coarse: coarse.CoarsePass | None = None
         self._coarse_building = False
+        self._cleared = 0  # clears so far: a pass built from rows cleared meanwhile is not kept
         if path is not None:
             with path.open("ab") as fh:  # created if missing; rows past the last one indexed are a torn write
                 fh.truncate(self._rows * self._row_bytes)
@@ -130,6 +131,7 @@ class VectorIndex:
             self._rows = 0
             self._map = None
             self._coarse = None
+            self._cleared += 1
             self._memory = np.zeros((0, self.dim), dtype=np.uint16)
             if self.path is not None:
                 with self.path.open("r+b") as fh:
@@ -157,7 +159,7 @@ class VectorIndex:
             if self._coarse is not None or self._coarse_building or self._rows < coarse.MIN_ROWS:
                 return
             self._coarse_building = True
-            matrix = self._matrix()
+            matrix, cleared = self._matrix(), self._cleared
         try:
             import torch
         except ImportError:
@@ -165,7 +167,7 @@ class VectorIndex:
         try:
             built = coarse.CoarsePass(torch, matrix)
             with self._lock:
-                if self._rows >= len(matrix):  # not cleared meanwhile
+                if self._cleared == cleared:
                     self._coarse = built
         finally:
             self._coarse_building = False
@@ -187,8 +189,10 @@ class VectorIndex:
         else:
             if len(matrix) - passed.rows >= _EXTEND_EVERY:
                 passed.extend(matrix)
-            # The coarse pass's candidates, and rows it has not projected yet, scored exactly.
-            positions = np.concatenate([passed.candidates(q, coarse.CANDIDATES),
+            # The coarse pass's candidates, and rows it has not projected yet, scored exactly; a question that
+            # raced another's extension of the pass may see candidates past its own rows.
+            candidates = passed.candidates(q, coarse.CANDIDATES)
+            positions = np.concatenate([candidates[candidates < len(matrix)],
                                         np.arange(min(passed.rows, len(matrix)), len(matrix))])
             scores = _scores(matrix[positions], q)
         k = min(k, len(scores))

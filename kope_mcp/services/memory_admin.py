@@ -299,7 +299,7 @@ def _import_lessons(memory: ExperienceMemory, path: Path, rows: list[dict[str, A
     for row in rows:
         if not isinstance(row.get("lesson_id"), str):
             raise InvalidExportError(f"{path}:{row['_line']}: a lesson needs a string lesson_id")
-    seen = memory.known_lesson_ids([row["lesson_id"] for row in rows])
+    seen = memory.known_ids("Lesson", "lesson_id", [row["lesson_id"] for row in rows])
     for row in rows:
         line = row.pop("_line")
         if row["lesson_id"] in seen:

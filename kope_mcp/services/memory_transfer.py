@@ -147,12 +147,9 @@ class MemoryTransfer:
             raise ValueError(f"unknown kind {kind!r}")
         return True
 
-    def known_lesson_ids(self, lesson_ids: list[str]) -> set[str]:
-        """Those of ``lesson_ids`` already in the memory."""
-        return self.store.existing_ids("Lesson", "lesson_id", lesson_ids)
-
     def known_ids(self, table: str, key: str, ids: list[str]) -> set[str]:
-        """Those of ``ids`` that are nodes of ``table`` (Task, Hardware, Session, Attempt, Strategy, Embedding)."""
+        """Those of ``ids`` that are nodes of ``table`` (Task, Hardware, Session, Attempt, Strategy, Lesson,
+        Embedding)."""
         return self.store.existing_ids(table, key, ids)
 
     def add_lessons(self, lessons: list[tuple[LessonRecord, str]]) -> None:
