@@ -58,7 +58,7 @@ class VectorIndex:
         self._memory = np.zeros((0, dim), dtype=np.uint16)
         self._map: np.ndarray | None = None
         self._coarse: coarse.CoarsePass | None = None
-        self._coarse_building = False
+        self._coarse_build = threading.Lock()  # held while a pass is built: one build at a time, warm() waits on it
         self._cleared = 0  # clears so far: a pass built from rows cleared meanwhile is not kept
         if path is not None:
             with path.open("ab") as fh:  # created if missing; rows past the last one indexed are a torn write
@@ -153,24 +153,26 @@ class VectorIndex:
             float(matrix[start:start + 65536, 0].sum())
         self._build_coarse()
 
-    def _build_coarse(self) -> None:
-        """The coarse pass over the rows there are, once there are enough (on the caller's thread)."""
-        with self._lock:
-            if self._coarse is not None or self._coarse_building or self._rows < coarse.MIN_ROWS:
-                return
-            self._coarse_building = True
-            matrix, cleared = self._matrix(), self._cleared
+    def _build_coarse(self, wait: bool = True) -> None:
+        """The coarse pass over the rows there are, once there are enough (on the caller's thread). With wait, a
+        build already under way on another thread is waited for, so that warm() returns with the pass there."""
+        if not self._coarse_build.acquire(blocking=wait):
+            return
         try:
-            import torch
-        except ImportError:
-            return  # brute force in numpy (_scores)
-        try:
+            with self._lock:
+                if self._coarse is not None or self._rows < coarse.MIN_ROWS:
+                    return
+                matrix, cleared = self._matrix(), self._cleared
+            try:
+                import torch
+            except ImportError:
+                return  # brute force in numpy (_scores)
             built = coarse.CoarsePass(torch, matrix)
             with self._lock:
                 if self._cleared == cleared:
                     self._coarse = built
         finally:
-            self._coarse_building = False
+            self._coarse_build.release()
 
     def search(self, query: list[float], k: int) -> list[tuple[str, str, float]]:
         """Top-k (id, kind, cosine) for a normalised query vector."""
@@ -182,8 +184,9 @@ class VectorIndex:
         q = np.asarray(query, dtype=np.float32)
         # Outside the lock: rows below the count never move, and a vector replaced meanwhile is either one.
         if passed is None:
-            if len(matrix) >= coarse.MIN_ROWS and not self._coarse_building:
-                threading.Thread(target=self._build_coarse, name="kope-vector-coarse", daemon=True).start()
+            if len(matrix) >= coarse.MIN_ROWS and not self._coarse_build.locked():
+                threading.Thread(target=self._build_coarse, args=(False,), name="kope-vector-coarse",
+                                 daemon=True).start()
             scores = _scores(matrix, q)
             positions = np.arange(len(scores))
         else:
@@ -196,10 +199,23 @@ class VectorIndex:
                                         np.arange(min(passed.rows, len(matrix)), len(matrix))])
             scores = _scores(matrix[positions], q)
         k = min(k, len(scores))
-        top = np.argpartition(-scores, k - 1)[:k]
-        top = top[np.argsort(-scores[top], kind="stable")]
+        top = _near_top(scores, k)
+        # The product is rounded to bfloat16 (steps of 0.004 near 1, forty times the error of the vectors
+        # themselves): rows within two steps of the k-th are scored again in float32, so ties rank by cosine.
+        scores = scores.copy()
+        scores[top] = from_bfloat16(matrix[positions[top]]) @ q
+        top = top[np.argsort(-scores[top], kind="stable")[:k]]
         items = self._index.vector_items([int(positions[i]) for i in top])
         return [(*items[int(positions[i])], float(scores[i])) for i in top if int(positions[i]) in items]
+
+
+def _near_top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k best scores and of every score within two bfloat16 steps of the k-th (at most 64k)."""
+    kth = float(np.partition(scores, len(scores) - k)[len(scores) - k])
+    near = np.flatnonzero(scores >= kth - 2 * 2.0 ** (np.floor(np.log2(max(abs(kth), 1e-30))) - 7))
+    if len(near) > 65536:
+        near = near[np.argpartition(-scores[near], 65535)[:65536]]
+    return near
 
 
 def _scores(matrix: np.ndarray, query: np.ndarray) -> np.ndarray:

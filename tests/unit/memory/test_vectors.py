@@ -76,7 +76,7 @@ def test_a_private_index_keeps_its_vectors_in_memory():
 def test_a_large_memory_is_searched_through_its_coarse_pass_with_the_answers_of_brute_force(monkeypatch):
     from kope_mcp.memory import coarse
 
-    monkeypatch.setattr(coarse, "MIN_ROWS", 3000)
+    monkeypatch.setattr(coarse, "MIN_ROWS", 10**9)  # brute force first: no pass is built behind the answers
     monkeypatch.setattr(coarse, "CANDIDATES", 250)  # 5% of the rows (at a million, 8,192 are 0.8%)
     monkeypatch.setattr(coarse, "DIMS", 16)
     rng = np.random.default_rng(3)
@@ -91,6 +91,7 @@ def test_a_large_memory_is_searched_through_its_coarse_pass_with_the_answers_of_
     questions = [row + rng.normal(scale=0.2, size=96) for row in rows[rng.integers(0, 5000, 30)]]
     questions = [(q / np.linalg.norm(q)).tolist() for q in questions]
     brute = [[hit[0] for hit in vectors.search(q, 20)] for q in questions]
+    monkeypatch.setattr(coarse, "MIN_ROWS", 3000)
     vectors.warm()  # builds the pass: 5,000 rows are past MIN_ROWS
     assert vectors._coarse is not None and vectors._coarse.rows == 5000
     found = [[hit[0] for hit in vectors.search(q, 20)] for q in questions]
