@@ -72,7 +72,7 @@ class Paired:
         if self.pairs == 0:
             return "no pairs"
         if self.low <= 0 <= self.high:
-            return "ties"
+            return "shows no difference from"  # a CI containing 0 is not evidence of equality
         better = self.high < 0 if lower_is_better else self.low > 0
         return "beats" if better else "loses to"
 

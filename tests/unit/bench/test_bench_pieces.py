@@ -81,7 +81,7 @@ def synthetic_run(task: str, arm: str, seed: int, curve: list[float]) -> TaskRun
                    first_correct=1, best_speedup=max(curve), best_by_attempt=curve, load=[1.0] * len(curve))
 
 
-def test_the_report_leads_with_the_memory_curve_and_says_where_active_beats_ties_or_loses(tmp_path):
+def test_the_report_leads_with_the_memory_curve_and_says_where_active_beats_loses_or_shows_no_difference(tmp_path):
     fast, slow = [4.0, 4.0, 4.0], [1.0, 1.0, 4.0]
     arms = ("none", "static", "oracle", "passive@8k", "active@8k")
     results = []
@@ -96,7 +96,7 @@ def test_the_report_leads_with_the_memory_curve_and_says_where_active_beats_ties
     assert text.index("Against memory size") < text.index("## Speedups and tokens")
     assert "| 10 (10) | 3.00 | 3.00 | 1.00 | 1.00 | 1.00 |" in text
     assert "| 8k | passive@8k | -2.00 (-2.00 to -2.00) | 12 | beats passive@8k |" in text
-    assert "at 8k, active beats passive@8k, beats static, ties oracle, beats none" in text
+    assert "at 8k, active beats passive@8k, beats static, shows no difference from oracle, beats none" in text
     images = plots(results, 3, tmp_path, arms)
     assert (tmp_path / "memory_curve.png") in images
 
