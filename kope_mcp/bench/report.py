@@ -211,8 +211,9 @@ def headline(results: list[SeedResult], budget: int, policies: tuple[str, ...],
             lines.append(f"| {window} | {other} | {cmp.mean:+.2f} ({cmp.low:+.2f} to {cmp.high:+.2f}) | "
                          f"{cmp.pairs} | {cmp.verdict()} {other} |")
             verdicts.setdefault(window, []).append(f"{cmp.verdict()} {other}")
-    lines += ["", "In words (a CI that contains 0 shows no difference, which is not evidence that there is none): " + "; ".join(
-        f"at {w}, active {', '.join(v)}" for w, v in verdicts.items()) + ".", "", *verdict_counts(by_arm, policies)]
+    said = "; ".join(f"at {w}, active {', '.join(v)}" for w, v in verdicts.items())
+    lines += ["", "In words (a CI that contains 0 shows no difference, which is not evidence that there is none): "
+              + said + ".", "", *verdict_counts(by_arm, policies)]
     return lines
 
 
