@@ -202,7 +202,6 @@ class VectorIndex:
         top = _near_top(scores, k)
         # The product is rounded to bfloat16 (steps of 0.004 near 1, forty times the error of the vectors
         # themselves): rows within two steps of the k-th are scored again in float32, so ties rank by cosine.
-        scores = scores.copy()
         scores[top] = from_bfloat16(matrix[positions[top]]) @ q
         top = top[np.argsort(-scores[top], kind="stable")[:k]]
         items = self._index.vector_items([int(positions[i]) for i in top])
