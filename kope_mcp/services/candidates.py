@@ -3,6 +3,8 @@ the selection pipeline; see selection_config.py)."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kope_mcp.memory.records import AttemptRecord, LessonRecord
@@ -11,6 +13,26 @@ from kope_mcp.models import Phase
 from kope_mcp.services.memory import ExperienceMemory
 from kope_mcp.services.selection_config import Kind, SelectionConfig
 from kope_mcp.targets.diagnostics import parse_diagnostics
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _question_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kope-question")
+        return _pool
+
+
+def _semantic(memory: ExperienceMemory, text: str) -> dict[str, float]:
+    """Cosine of the attempts and lessons nearest the question; empty while semantic search is not ready. The
+    embedding is computed next to any backlog batch (the backlog's workers start no new one meanwhile)."""
+    vector = memory.embed_question(text)
+    if not vector:
+        return {}
+    return {item_id: score for item_id, kind, score in memory.nearest(vector, 50) if kind in ("attempt", "lesson")}
 
 
 @dataclass
@@ -66,6 +88,9 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
     signature = state.signature if state.signature and not state.signature_pasted else None
     text_query = " ".join(p for p in (query, state.task_id if config.text_query_has_task else None, signature) if p)
     limit = config.candidates_per_source
+    # The question's embedding and its nearest items on another thread while the index is read here: both
+    # release the GIL (torch, SQLite), so on two cores the ~25 ms of the one overlap the ~10 ms of the other.
+    semantic = _question_pool().submit(_semantic, memory, text_query) if text_query.strip() else None
     if state.task_id:
         add_attempts(memory.attempts_for_task(state.task_id, limit), "same task")
     if state.family:
@@ -87,13 +112,7 @@ def gather(memory: ExperienceMemory, query: str, state: QueryState, config: Sele
             attempts.setdefault(rec.kernel_id, rec)
             reasons.setdefault(rec.kernel_id, []).append("strategy matches the query")
             bm25[rec.kernel_id] = max(bm25.get(rec.kernel_id, 0.0), score / top_bm25)
-    cosine: dict[str, float] = {}
-    # Computed at once on this thread, next to any backlog batch (workers start no new one meanwhile). Computing it
-    # on another thread while the graph and BM25 are read measured no faster on 2 cores (both want the CPU).
-    vector = memory.embed_question(text_query) if text_query.strip() else None
-    if vector:
-        cosine = {item_id: score for item_id, kind, score in memory.nearest(vector, 50)
-                  if kind in ("attempt", "lesson")}
+    cosine = semantic.result() if semantic is not None else {}
     extra = [i for i in dict.fromkeys([*bm25, *cosine]) if i not in attempts and i not in lessons]
     if extra:
         add_attempts(memory.attempts_by_id([i for i in extra if i.startswith("k-")]), "text match")
