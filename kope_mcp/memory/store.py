@@ -146,6 +146,7 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
             return  # closing twice (an admin command's finally after an early close) is harmless
         self._closed = True
         with self._lock:
+            self.write_deferred()
             self._apply_journal()
             self._closing = True
             self._wake.set()

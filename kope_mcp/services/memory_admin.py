@@ -131,7 +131,9 @@ def import_into_copy(memory_path: Path, export: Path,
     memory.prepare_bulk()
     try:
         report = import_memory(memory, export, home_id)
+        memory.finish_bulk(completed=True)
     except BaseException:
+        memory.finish_bulk(completed=False)
         memory.close()
         remove_staging(memory_path)
         raise

@@ -195,5 +195,13 @@ class MemoryTransfer:
 
     def prepare_bulk(self) -> None:
         """For an import into a copy nobody serves: indexes built once at the end, no journals (the copy is thrown
-        away unless it completes)."""
+        away unless it completes), edges written once per table at the end."""
         self.index.bulk()
+        self.store.defer_writes()
+
+    def finish_bulk(self, completed: bool) -> None:
+        """The edges held back by :meth:`prepare_bulk`: written when the import completed, else dropped."""
+        if completed:
+            self.store.write_deferred()
+        else:
+            self.store.discard_deferred()

@@ -149,3 +149,35 @@ def test_a_chunk_ends_at_its_byte_budget_whatever_its_rows(tmp_path, monkeypatch
     assert import_memory(memory, path).added["attempt"] == 12
     assert copies.count("COPY Attempt") == 4 and memory.store.counts()["PREV"] == 11
     memory.close()
+
+
+def test_an_import_into_a_staging_copy_writes_nodes_by_large_copies_and_edges_once_with_the_same_graph(
+        tmp_path, monkeypatch):
+    # What `kope memory import` does (prepare_bulk): nodes gathered into COPYs of many chunks, edges at the end;
+    # a duplicate later in the file must be recognised while its first copy is still only in a pending file.
+    from kope_mcp.memory import bulk
+
+    attempts = chain(23)
+    path = tmp_path / "export.jsonl"
+    write_export(path, [*attempts, attempts[4]])
+    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"session": 1, "lesson": 2, "attempt": 4, "embedding": 3})
+    reference = ExperienceMemory.open(tmp_path / "reference.kuzu", embeddings=False)
+    import_memory(reference, path)
+    monkeypatch.setattr(bulk, "DEFERRED_ROWS", 5)
+    staged = ExperienceMemory.open(tmp_path / "staged.kuzu", embeddings=False)
+    staged.prepare_bulk()
+    copies: list[str] = []
+    run = staged.store._exec
+    staged.store._exec = lambda q, p=None: (copies.append(q.split(" FROM")[0]), run(q, p))[1]
+    report = import_memory(staged, path)
+    assert report.added["attempt"] == 23 and report.skipped_existing == {"attempt": 1}
+    assert [c for c in copies if c.startswith("COPY PREV")] == []  # not yet: edges wait for every node
+    staged.finish_bulk(completed=True)
+    assert copies.count("COPY Attempt") == 3 and copies.count("COPY PREV") == 1
+    assert not list(tmp_path.glob("staged.kuzu.pending-*"))
+    rels = ("IN_SESSION", "FOR_TASK", "ON_HARDWARE", "PREV", "APPLIED")
+    assert staged.store.counts() | {r: edges(staged, r) for r in rels} == \
+        reference.store.counts() | {r: edges(reference, r) for r in rels}
+    assert staged.store.lineage("k-00022") == reference.store.lineage("k-00022")
+    for memory in (staged, reference):
+        memory.close()
