@@ -194,7 +194,7 @@ class VectorIndex:
                 passed.extend(matrix)
             # The coarse pass's candidates, and rows it has not projected yet, scored exactly; a question that
             # raced another's extension of the pass may see candidates past its own rows.
-            candidates = passed.candidates(q, coarse.CANDIDATES, _pool(), _SEARCH_THREADS)
+            candidates = passed.candidates(q, coarse.CANDIDATES)
             positions = np.concatenate([candidates[candidates < len(matrix)],
                                         np.arange(min(passed.rows, len(matrix)), len(matrix))])
             scores = _scores(matrix[positions], q)
@@ -220,6 +220,7 @@ def _near_top(scores: np.ndarray, k: int) -> np.ndarray:
 def _scores(matrix: np.ndarray, query: np.ndarray) -> np.ndarray:
     """matrix (bfloat16 bits) @ query, one slice per core (torch computes a slice on one thread, without the
     GIL); numpy in float32 slices where torch is missing."""
+    global _search_pool
     bounds = np.linspace(0, len(matrix), _SEARCH_THREADS + 1, dtype=int)
     slices = [matrix[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     try:
@@ -233,11 +234,6 @@ def _scores(matrix: np.ndarray, query: np.ndarray) -> np.ndarray:
 
     if len(slices) == 1:
         return np.asarray(product(slices[0]))
-    return np.concatenate(list(_pool().map(product, slices)))
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _search_pool
     if _search_pool is None:
         _search_pool = ThreadPoolExecutor(_SEARCH_THREADS, thread_name_prefix="kope-vector-search")
-    return _search_pool
+    return np.concatenate(list(_search_pool.map(product, slices)))
