@@ -308,7 +308,8 @@ class QueryResult(BaseModel):
     dropped: int = Field(description="Candidates left out (budget, caps, near-duplicates).")
     dropped_reasons: dict[str, int]
     semantic_search: bool = Field(description="Whether embeddings were used (False while the model loads).")
-    semantic_status: str
+    semantic_status: str = Field(description="The embedding model's state and, while a backlog is being embedded, how "
+                                 "many items semantic search covers and how many texts wait.")
     warnings: list[str]
 
 

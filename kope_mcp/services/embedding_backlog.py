@@ -36,6 +36,8 @@ class EmbeddingBacklog:
         # generated one of tools/bench_retrieval.py has 60k distinct texts among a million lessons), and a batch
         # of 32 distinct texts costs the model what a batch of 32 copies of one text does.
         self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._in_flight = 0  # texts taken off the queue whose vectors are not in the search index yet
+        self._in_flight_lock = threading.Lock()
         self._worker: threading.Thread | None = None
 
     def start(self) -> None:
@@ -69,6 +71,13 @@ class EmbeddingBacklog:
     def semantic_status(self) -> str:
         if self.embedder.available and not self.vectors.loaded.is_set():
             return "loading stored embeddings"
+        with self._in_flight_lock:
+            waiting = self.backlog + self._in_flight
+        if self.embedder.available and waiting:
+            # While a backlog runs (a million texts take the better part of an hour), say what semantic search
+            # can find: only what is embedded; the rest is found by the graph's filters and BM25.
+            return (f"{self.embedder.status}; covers the {len(self.vectors):,} items embedded so far, "
+                    f"{waiting:,} texts wait for their embedding")
         return self.embedder.status
 
     def queue_backlog(self) -> int:
@@ -136,6 +145,8 @@ class EmbeddingBacklog:
                     self._queue.put(None)
                     break
                 batch.append(nxt)
+            with self._in_flight_lock:
+                self._in_flight += len(batch)
             texts = list(dict.fromkeys(text for text, _ in batch))
             vectors = dict(zip(texts, self.embedder.embed_batch(texts) or [], strict=False))
             written.put((len(batch), [(item_id, kind, MODEL_NAME, vectors[text])
@@ -156,6 +167,8 @@ class EmbeddingBacklog:
             if job is not None:
                 count, rows = count + job[0], rows + job[1]
                 self.vectors.add_many([(item_id, kind, vector) for item_id, kind, _, vector in job[1]])
+                with self._in_flight_lock:
+                    self._in_flight -= job[0]
             stopping = job is None and not idle
             if rows and (stopping or idle or len(rows) >= WRITE_ROWS):
                 self._store_vectors(count, rows)

@@ -56,3 +56,42 @@ def test_the_backlog_embeds_a_text_shared_by_many_items_once_and_gives_each_item
     assert set(texts) <= memory.vectors.ids()
     assert asked.count("unrolled by four, 1.8x") == 1 and len(asked) == 21  # 21 distinct texts
     assert all(v is not None and np.allclose(v, shared[0]) for v in shared)
+
+
+@pytest.mark.slow
+def test_while_the_backlog_runs_the_status_says_how_much_semantic_search_covers(tmp_path):
+    import threading
+
+    from kope_mcp.memory.records import LessonRecord
+
+    path = tmp_path / "memory.kuzu"
+    store = KuzuExperienceStore(path)
+    store.bulk_lessons([(LessonRecord(lesson_id=f"x-{i:02d}", text=f"distinct lesson number {i}", strategy="",
+                                      label="lesson", verified=False, confidence=0.3,
+                                      created_at="2026-01-01T00:00:00"), f"distinct lesson number {i}")
+                        for i in range(30)])
+    store.close()
+    embedder = BackgroundEmbedder(enabled=True)
+    release = threading.Event()
+    embed_batch = embedder.embed_batch
+
+    def held(batch: list[str]) -> list[list[float]] | None:
+        release.wait(timeout=120)
+        return embed_batch(batch)
+
+    embedder.embed_batch = held  # type: ignore[method-assign]
+    memory = ExperienceMemory(KuzuExperienceStore(path), embedder)
+    memory.start()
+    try:
+        assert embedder.wait(timeout=180)
+        for _ in range(600):  # the backlog is queued once the model has loaded
+            if memory.backlog:
+                break
+            threading.Event().wait(0.1)
+        status = memory.semantic_status
+        assert "covers the 0 items embedded so far" in status and "texts wait for their embedding" in status
+    finally:
+        release.set()
+    memory.drain(timeout=180)
+    assert "wait" not in memory.semantic_status and len(memory.vectors) == 30
+    memory.stop()
