@@ -50,6 +50,10 @@ class MemoryTransfer:
     def index_loading(self) -> bool:  # ExperienceMemory's
         raise NotImplementedError
 
+    @property
+    def semantic_status(self) -> str:  # ExperienceMemory's
+        raise NotImplementedError
+
     def stats(self) -> MemoryStats:
         store = self.store
         def size(*paths: Path) -> int:
@@ -64,7 +68,7 @@ class MemoryTransfer:
                            read_index="serving" if self.index.complete else "being rebuilt from the graph"
                            if self.index_loading else "stale (not closed cleanly): rebuilt from the graph when a "
                            "server starts",
-                           semantic_search=self.embedder.status)
+                           semantic_search=self.semantic_status)
 
     def describe(self, item_id: str) -> dict[str, Any]:
         """An attempt (with its successors and lessons), a lesson or a session, in full."""
