@@ -152,10 +152,10 @@ class BulkLoading:
 
     def defer_writes(self) -> None:
         """For a copy that is thrown away unless it completes (an import's staging copy): new nodes are gathered
-        in files beside the database and written by one COPY per node group's worth of rows, edges by one COPY per
-        edge table at :meth:`write_deferred` (or the close). Each COPY into a table costs more the fuller its last
-        node group is: five edge COPYs per chunk of ~5k attempts were ~100 s of a million attempts' import, and a
-        node COPY of 5k attempts took 0.19 s into an empty table, 0.36 s into one of 43k rows."""
+        in files beside the database and written by one COPY per DEFERRED_ROWS rows or DEFERRED_BYTES, edges by one
+        COPY per edge table at :meth:`write_deferred` (or the close). Each COPY into a table costs more the fuller
+        its last node group is: five edge COPYs per chunk of ~5k attempts were ~100 s of a million attempts'
+        import, and a node COPY of 5k attempts took 0.19 s into an empty table, 0.36 s into one of 43k rows."""
         self.__dict__["_deferred"] = _Deferred()
 
     def write_deferred(self) -> None:
@@ -177,7 +177,9 @@ class BulkLoading:
 
     def discard_deferred(self) -> None:
         deferred: _Deferred | None = self.__dict__.pop("_deferred", None)
-        for pending in [*(deferred.nodes.values() if deferred else ()), *(deferred.edges.values() if deferred else ())]:
+        if deferred is None:
+            return
+        for pending in [*deferred.nodes.values(), *deferred.edges.values()]:
             pending.handle.close()
             pending.path.unlink(missing_ok=True)
 

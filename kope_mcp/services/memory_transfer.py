@@ -199,12 +199,12 @@ class MemoryTransfer:
 
     def prepare_bulk(self) -> None:
         """For an import into a copy nobody serves: indexes built once at the end, no journals (the copy is thrown
-        away unless it completes), edges written once per table at the end."""
+        away unless it completes), new nodes by large COPYs and edges once per table at the end (bulk.py)."""
         self.index.bulk()
         self.store.defer_writes()
 
     def finish_bulk(self, completed: bool) -> None:
-        """The edges held back by :meth:`prepare_bulk`: written when the import completed, else dropped."""
+        """The nodes and edges held back by :meth:`prepare_bulk`: written when the import completed, else dropped."""
         if completed:
             self.store.write_deferred()
         else:
