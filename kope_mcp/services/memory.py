@@ -99,12 +99,14 @@ class ExperienceMemory(MemoryTransfer):
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Rebuild a stale read index, load the vectors and the embedding model, all in the background; nothing
-        here blocks."""
+        """Rebuild a stale read index (or read a trusted one once, for the page cache), load the vectors and the
+        embedding model, all in the background; nothing here blocks."""
         self.embedder.start()
         if self._loader is None and not self.index.complete:
             self._loader = threading.Thread(target=self.load_index, name="kope-index-loader", daemon=True)
             self._loader.start()
+        elif self.index.complete:
+            threading.Thread(target=self.index.warm, name="kope-index-warm", daemon=True).start()
         self.embeddings.start()
 
     def load_index(self) -> None:

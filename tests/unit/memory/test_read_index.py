@@ -206,3 +206,36 @@ def test_lesson_search_finds_what_kuzus_full_text_index_found(tmp_path: Path):
         agree.append(len(set(ours) & set(kuzu)) / max(1, len(kuzu)) if kuzu else float(not ours))
     store.close()
     assert min(agree) >= 0.8, agree
+
+
+def test_warming_reads_the_whole_file_and_its_write_ahead_log_and_changes_nothing(tmp_path: Path, monkeypatch):
+    database = tmp_path / "memory.kuzu"
+    database.write_bytes(b"graph")
+    index = ReadIndex.beside(database)
+    assert index.attach(database_stamp(database), database_empty=True)
+    index.add_lessons([(lesson(f"x-{n}"), f"unrolled loops {n} " * 20) for n in range(2000)])
+    assert index.path is not None
+    files = [index.path, index.path.with_name(index.path.name + "-wal")]
+    sizes = {path: path.stat().st_size for path in files}
+    assert all(sizes.values())
+    read: dict[Path, int] = {path: 0 for path in files}
+    real_open = Path.open
+
+    def counting_open(self: Path, *args, **kwargs):
+        handle = real_open(self, *args, **kwargs)
+        if self in read:
+            real_readinto = handle.readinto
+
+            def readinto(buffer):
+                n = real_readinto(buffer)
+                read[self] += n or 0
+                return n
+
+            handle.readinto = readinto
+        return handle
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    index.warm()
+    assert read == sizes
+    assert [x.lesson_id for x in index.lessons(["x-7"])] == ["x-7"]
+    ReadIndex(None).warm()  # a scratch index has no file: nothing to read
