@@ -16,6 +16,8 @@ from kope_mcp.memory.rows import ATTEMPT_COLUMNS, LESSON_COLUMNS, attempt_props
 
 
 class BulkLoading:
+    _deferred: _Deferred | None = None  # set by defer_writes: an import's staging copy
+
     if TYPE_CHECKING:
         _lock: threading.RLock
         path: Path
@@ -78,7 +80,7 @@ class BulkLoading:
         """Which of ``ids`` are nodes of ``table`` (one query, not one per id)."""
         if not ids:
             return set()
-        deferred: _Deferred | None = self.__dict__.get("_deferred")
+        deferred = self._deferred
         pending = deferred.nodes.get(table) if deferred is not None and _KEYS.get(table) == key else None
         held = {i for i in ids if i in pending.ids} if pending is not None else set()
         rest = [i for i in dict.fromkeys(ids) if i not in held]
@@ -126,7 +128,7 @@ class BulkLoading:
                 else:
                     return False
             lines.append(",".join(cells))
-        deferred: _Deferred | None = self.__dict__.get("_deferred")
+        deferred = self._deferred
         if deferred is not None and table in _KEYS:
             pending = self._pending(deferred.nodes, table, table)
             text = "\n".join(lines) + "\n"
@@ -156,12 +158,12 @@ class BulkLoading:
         COPY per edge table at :meth:`write_deferred` (or the close). Each COPY into a table costs more the fuller
         its last node group is: five edge COPYs per chunk of ~5k attempts were ~100 s of a million attempts'
         import, and a node COPY of 5k attempts took 0.19 s into an empty table, 0.36 s into one of 43k rows."""
-        self.__dict__["_deferred"] = _Deferred()
+        self._deferred = _Deferred()
 
     def write_deferred(self) -> None:
         """Write the nodes, then the edges, held back since :meth:`defer_writes` (every node an edge names is
         then there)."""
-        deferred: _Deferred | None = self.__dict__.get("_deferred")
+        deferred = self._deferred
         if deferred is None:
             return
         with self._lock:
@@ -176,7 +178,7 @@ class BulkLoading:
                     pending.path.unlink(missing_ok=True)
 
     def discard_deferred(self) -> None:
-        deferred: _Deferred | None = self.__dict__.pop("_deferred", None)
+        deferred, self._deferred = self._deferred, None
         if deferred is None:
             return
         for pending in [*deferred.nodes.values(), *deferred.edges.values()]:
@@ -201,7 +203,7 @@ class BulkLoading:
     def _copy_edges(self, rel: str, src: str, dst: str, pairs: list[tuple[str, str]]) -> None:
         if not pairs:
             return
-        deferred: _Deferred | None = self.__dict__.get("_deferred")
+        deferred = self._deferred
         if deferred is not None:
             pending = self._pending(deferred.edges, (rel, src, dst), f"{rel}-{src}-{dst}")
             pending.handle.write("".join(f"{a},{b}\n" for a, b in pairs))
