@@ -17,6 +17,7 @@ from mcp.types import Implementation
 from kope_mcp.app.server import build_server
 from kope_mcp.memory.store import KuzuExperienceStore
 from tests.conftest import VECTOR_ADD_OK, make_settings
+from tests.memory_helpers import profile_until_clean
 
 
 def test_the_client_name_and_version_are_recorded_and_the_stats_resource_counts(tmp_path):
@@ -187,11 +188,7 @@ def test_a_memory_imported_from_another_home_is_served_as_evidence_from_there_an
     bench = Workbench(make_settings(home_a))
     compiled = bench.compile_kernel("matmul", MATMUL_FAST, flags=["-O3"], strategy="loop interchange i-k-j")
     assert bench.run_tests(compiled.kernel_id).passed
-    for _ in range(3):  # a busy machine can make one profile noisy (never served): profile again, as agents do
-        measured = bench.profile_kernel(compiled.kernel_id)
-        if measured.failure is None and not measured.noisy and not measured.suspect:
-            break
-    assert measured.failure is None and not measured.noisy and not measured.suspect, measured.noise_reasons
+    profile_until_clean(bench, compiled.kernel_id)
     bench.store.close()
     monkeypatch.setenv("KOPE_EMBEDDINGS", "off")
     monkeypatch.setenv("KOPE_HOME", str(home_a))
