@@ -58,7 +58,7 @@ def circumstances(home: Path) -> str:
     for sub in ("tools", "tasks", "targets"):
         for path in sorted((package / sub).glob("*.py")):
             _stat(digest, path)
-    for name in ("models.py", "settings.py", "runtime/sandbox.py"):
+    for name in ("models.py", "settings.py", "runtime/sandbox.py", "runtime/sandbox_setup.py"):
         _stat(digest, package / name)
     extra = [Path(p).expanduser() for p in os.environ.get("KOPE_TASKS_PATH", "").split(os.pathsep) if p]
     for root in (SUITE_DIR, home / USER_TASKS_DIR, *extra):
