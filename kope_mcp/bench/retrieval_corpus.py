@@ -178,7 +178,7 @@ class Corpus:
     queries: list[Query]
     tasks: list[dict]
     sessions: list[dict] = field(default_factory=list)
-    attempts: list[dict] = field(default_factory=list)  # parents before children, as an export writes them
+    attempts: list[dict] = field(default_factory=list)  # parents before children
 
     def write(self, path: Path, order: str = "as generated", seed: int = 0) -> None:
         """The kope-memory import file; ``order``: 'as generated', 'newest first', 'oldest first', 'shuffled'."""

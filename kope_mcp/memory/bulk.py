@@ -69,6 +69,11 @@ class BulkLoading:
             self._link("ABOUT", "Lesson", "Strategy", "strategy_id", [(x.lesson_id, x.strategy_id) for x in lessons])
             self._link("ABOUT", "Lesson", "Task", "id", [(x.lesson_id, x.task_id) for x in lessons])
 
+    def bulk_links(self, rel: str, src: str, dst: str, pairs: list[tuple[str, str]]) -> None:
+        """COPY the edges ``rel`` between existing nodes (the caller checked both ends)."""
+        with self._lock:
+            self._copy_edges(rel, src, dst, pairs)
+
     def _link(self, rel: str, src: str, dst: str, key: str, pairs: list[tuple[str, str | None]]) -> None:
         """COPY the edges ``rel`` from new ``src`` nodes to the ``dst`` nodes (by ``key``) that exist; a pair
         naming none, or a node that is not there, gets no edge."""

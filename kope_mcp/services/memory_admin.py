@@ -1,12 +1,13 @@
 """Memory you can manage: statistics, one item in full, and export/import in a versioned JSONL format.
 
-Format ``kope-memory`` version 1: one JSON object per line. The first is a header
-``{"kind": "header", "format": "kope-memory", "version": 1, "exported_at": ..., "counts": {...}}``; then one line
-per node, parents before children: ``task``, ``hardware``, ``strategy``, ``session``, ``attempt`` (oldest first,
-so a PREV parent always precedes its child), ``lesson``, ``embedding`` (``id``, ``item_kind``, ``model``,
-``vector``). Fields are those of the records in ``kope_mcp/memory/records.py``. Import merges: a node whose id
-already exists is skipped, so importing the same file twice, or into a memory that shares part of it, creates
-no duplicates; edges are rebuilt from the ids each record carries.
+Format ``kope-memory`` version 1: one JSON object per line. The first is a header ``{"kind": "header", "format":
+"kope-memory", "version": 1, "exported_at": ..., "counts": {...}}``; then one line per node, kinds in this order:
+``task``, ``hardware``, ``strategy``, ``session``, ``attempt`` (as the database keeps them: a PREV parent may come
+after its child, see ``node_pages``), ``lesson``, ``embedding`` (``id``, ``item_kind``, ``model``, ``vector``).
+Fields are those of the records in ``kope_mcp/memory/records.py``. Import merges: a node whose id already exists is
+skipped, so importing the same file twice, or into a memory that shares part of it, creates no duplicates; edges are
+rebuilt from the ids each record carries. A record must find what it names in the memory or earlier in the file,
+except an attempt's parent, which may come anywhere in the file.
 
 Provenance: the header names the exporting home (``home_id``, kept in ``KOPE_HOME/home-id``) and every record line
 carries ``sha256``, the hash of the line without it. A record whose hash does not match was edited after the
@@ -190,6 +191,7 @@ def import_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> Im
                     importer.take(json.loads(line), len(line))
             importer.flush()
             importer.wait()
+            importer.link_forward()
     except (KeyError, ValueError) as exc:
         raise InvalidExportError(f"{path}:{importer.line}: {type(exc).__name__}: {exc}") from None
     finally:
@@ -216,6 +218,10 @@ class _Importer:
         self.origin = ""
         self.edited: dict[str, int] = {}
         self.unhashed = 0
+        # (attempt, parent, line) where the parent comes later in the file: linked once every attempt is written.
+        # Kùzu's COPY does not keep a file's order in the database, so the export of a home that once imported
+        # lists some children before their parents (45 of 250k attempts in one such export).
+        self.forward: list[tuple[str, str, int]] = []
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kope-import-writer")
         self._pending: tuple[Future[int], int, str] | None = None
 
@@ -259,9 +265,25 @@ class _Importer:
         if self.rows:
             self.wait()
             chunk, self.rows, self.bytes = self.rows, [], 0
-            write = {"session": _import_sessions, "attempt": _import_attempts, "lesson": _import_lessons,
+            write = {"session": _import_sessions, "attempt": self._attempts, "lesson": _import_lessons,
                      "embedding": _import_embeddings}[self.kind]
             self._pending = (self._writer.submit(write, self.memory, self.path, chunk), len(chunk), self.kind)
+
+    def _attempts(self, memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
+        return _import_attempts(memory, path, rows, self.forward)
+
+    def link_forward(self) -> None:
+        """The parents named before they came: every one must now be in the memory (else the line that named it
+        is refused), and gets the PREV edge its child could not have when it was written."""
+        if not self.forward:
+            return
+        there = self.memory.known_ids("Attempt", "kernel_id", [parent for _, parent, _ in self.forward])
+        for child, parent, line in self.forward:
+            if parent not in there:
+                raise InvalidExportError(f"{self.path}:{line}: attempt {child!r} names parent_id {parent!r}, which "
+                                         "is neither in the memory nor anywhere in the file")
+        self.memory.link_parents([(child, parent) for child, parent, _ in self.forward])
+        self.forward = []
 
     def wait(self) -> None:
         """Until the chunk in flight is written (its errors are raised here)."""
@@ -333,8 +355,11 @@ _CHUNKED: dict[str, tuple[str, str, type[Any], tuple[tuple[str, str, str], ...],
 }
 
 
-def _new_records(memory: ExperienceMemory, path: Path, kind: str, rows: list[dict[str, Any]]) -> list[Any]:
-    """The chunk's records that are not in the memory yet, validated, each finding the nodes it names."""
+def _new_records(memory: ExperienceMemory, path: Path, kind: str, rows: list[dict[str, Any]],
+                 forward: list[tuple[str, str, int]] | None = None) -> list[Any]:
+    """The chunk's records that are not in the memory yet, validated, each finding the nodes it names; one
+    naming a node of its own table that is not there yet (a parent later in the file) goes to ``forward`` as
+    (its id, the id it names, its line) when given, for the caller to check and link at the end."""
     id_field, table, model, named, own = _CHUNKED[kind]
     for row in rows:
         if not isinstance(row.get(id_field), str):
@@ -359,6 +384,9 @@ def _new_records(memory: ExperienceMemory, path: Path, kind: str, rows: list[dic
             value = getattr(record, field)
             if value and value not in there:
                 ident = getattr(record, id_field)
+                if other == own and forward is not None:
+                    forward.append((ident, value, lines[ident]))
+                    continue
                 raise InvalidExportError(f"{path}:{lines[ident]}: {kind} {ident!r} names {field} {value!r}, which "
                                          "is neither in the memory nor earlier in the file")
     return records
@@ -372,9 +400,11 @@ def _import_sessions(memory: ExperienceMemory, path: Path, rows: list[dict[str, 
     return len(records)
 
 
-def _import_attempts(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]]) -> int:
-    """Write a chunk of attempts at once; returns how many were new."""
-    records = _new_records(memory, path, "attempt", rows)
+def _import_attempts(memory: ExperienceMemory, path: Path, rows: list[dict[str, Any]],
+                     forward: list[tuple[str, str, int]]) -> int:
+    """Write a chunk of attempts at once; returns how many were new. A parent later in the file goes to
+    ``forward`` (see :meth:`_Importer.link_forward`)."""
+    records = _new_records(memory, path, "attempt", rows, forward)
     if records:
         memory.add_attempts(records)
     return len(records)

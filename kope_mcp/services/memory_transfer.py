@@ -90,9 +90,9 @@ class MemoryTransfer:
         return self.store.counts()
 
     def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(kind, fields) of every node, parents before children: tasks, hardware, strategies, sessions, attempts
-        (in the order they were written, so a PREV parent precedes its child), lessons, embeddings; read a page
-        at a time, so an export's memory does not grow with the memory's size."""
+        """(kind, fields) of every node, what a kind names before it: tasks, hardware, strategies, sessions,
+        attempts (in the database's order: an attempt's parent may come after it, which import takes), lessons,
+        embeddings; read a page at a time, so an export's memory does not grow with the memory's size."""
         store = self.store
         yield from (("task", node) for node in store.raw_nodes("Task"))
         yield from (("hardware", node) for node in store.raw_nodes("Hardware"))
@@ -165,6 +165,11 @@ class MemoryTransfer:
         by COPYs, where one statement per attempt took ~4 ms each (a million: more than an hour)."""
         self._beside_the_index(lambda: self.index.add_attempts([a.__dict__ for a in attempts], replace=False),
                                lambda: self.store.bulk_attempts(attempts))
+
+    def link_parents(self, pairs: list[tuple[str, str]]) -> None:
+        """PREV edges (child, parent) between attempts that are both written, for parents that came after their
+        children in an import."""
+        self.store.bulk_links("PREV", "Attempt", "Attempt", pairs)
 
     def add_sessions(self, sessions: list[SessionRecord]) -> None:
         """Write new sessions at once, their edges to the tasks and hardware that exist (the caller checks)."""

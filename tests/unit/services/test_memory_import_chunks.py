@@ -181,3 +181,52 @@ def test_an_import_into_a_staging_copy_writes_nodes_by_large_copies_and_edges_on
     assert staged.store.lineage("k-00022") == reference.store.lineage("k-00022")
     for memory in (staged, reference):
         memory.close()
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
+def test_children_before_their_parents_several_chunks_back_import_with_every_edge(tmp_path, monkeypatch, staged):
+    # Kùzu's COPY does not keep a file's order in the database, so the export of a home that once imported can list
+    # a child before its parent (45 of 250k attempts in one such export); its restore into an empty home was
+    # refused ("names parent_id ... which is neither in the memory nor earlier in the file").
+    from kope_mcp.memory import bulk
+
+    attempts = chain(23)
+    path = tmp_path / "export.jsonl"
+    write_export(path, attempts)
+    reference = ExperienceMemory.open(tmp_path / "reference.kuzu", embeddings=False)
+    import_memory(reference, path)
+    reversed_path = tmp_path / "reversed.jsonl"
+    write_export(reversed_path, attempts[::-1])  # every child before its parent, most of them chunks before
+    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"session": 1, "lesson": 2, "attempt": 4, "embedding": 3})
+    monkeypatch.setattr(bulk, "DEFERRED_ROWS", 5)
+    memory = ExperienceMemory.open(tmp_path / "memory.kuzu", embeddings=False)
+    if staged:
+        memory.prepare_bulk()
+    report = import_memory(memory, reversed_path)
+    if staged:
+        memory.finish_bulk(completed=True)
+    assert report.added["attempt"] == 23
+    rels = ("IN_SESSION", "FOR_TASK", "ON_HARDWARE", "PREV", "APPLIED")
+    assert memory.store.counts() | {r: edges(memory, r) for r in rels} == \
+        reference.store.counts() | {r: edges(reference, r) for r in rels}
+    for kernel in ("k-00009", "k-00022"):
+        assert memory.store.lineage(kernel) == reference.store.lineage(kernel)
+    again = import_memory(memory, reversed_path)  # nothing new, and no edge twice
+    assert not again.added and edges(memory, "PREV") == 22
+    for opened in (memory, reference):
+        opened.close()
+
+
+def test_a_parent_that_is_nowhere_is_refused_with_its_line_even_when_later_lines_could_have_held_it(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(memory_admin, "CHUNK_ROWS", {"session": 2, "lesson": 2, "attempt": 4, "embedding": 3})
+    attempts = chain(9)[::-1]
+    attempts[1] = attempts[1].model_copy(update={"parent_id": "k-99999"})
+    path = tmp_path / "export.jsonl"
+    write_export(path, attempts)
+    memory = ExperienceMemory.open(tmp_path / "memory.kuzu", embeddings=False)
+    with pytest.raises(InvalidExportError) as refused:
+        import_memory(memory, path)
+    assert "export.jsonl:8:" in str(refused.value) and "'k-99999'" in str(refused.value)
+    assert "anywhere in the file" in str(refused.value)
+    memory.close()
