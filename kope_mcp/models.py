@@ -217,9 +217,10 @@ class ProfileReport(BaseModel):
                         "but it is never taught to others as a win or a pitfall. Profile again when it is quieter "
                         "to get a clean verdict.")
     noise_reasons: list[str] = Field(default_factory=list)
-    same_code_as_baseline: bool = Field(False, description="The kernel's machine code is the baseline's, byte for "
-                                        "byte: whatever was measured is code placement, so it is never labelled "
-                                        "effective.")
+    same_code_as_baseline: bool = Field(False, description="The kernel is the baseline's own code (its machine "
+                                        "code byte for byte where the backend can compare it, else its source with "
+                                        "only the default flags): whatever was measured is code placement or noise, "
+                                        "so it is never labelled effective.")
     hardware: HardwareProfile
     device: str = Field("c", description="Where it was measured: a backend of this server, or a cluster device.")
     waited_s: float = Field(0.0, description="Seconds this profile queued for the device (profiles never overlap "

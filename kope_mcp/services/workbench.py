@@ -53,6 +53,7 @@ from kope_mcp.services.verdicts import (
     noise_reasons,
     profile_failure,
     profile_warnings,
+    same_source_as_baseline,
     suspect_reasons,
     test_message,
     untimed_work_reasons,
@@ -434,7 +435,9 @@ class Workbench(WorkbenchDevices):
             warnings=warnings, deterministic=costs if isinstance(costs, CostCounts) else None,
             checked_input_sets=len(outcome.outputs), repeated_calls=int(outcome.result.get("repeated_calls") or 0),
             suspect=bool(reasons), suspect_reasons=reasons, noisy=bool(noise), noise_reasons=noise,
-            same_code_as_baseline=measured.same_code_as_baseline, **queueing,
+            same_code_as_baseline=measured.same_code_as_baseline or same_source_as_baseline(
+                record.source, record.flags, target.baseline_source(task), target.default_flags()),
+            **queueing,
             next_step=(
                 "record what you tried; try the next optimisation and compile it with parent_id="
                 f"'{kernel_id}'" if speedup >= 1.0 else

@@ -4,7 +4,7 @@ import pytest
 
 from kope_mcp import hardware
 from kope_mcp.hardware import detect_hardware, streaming_bandwidth_gbps
-from kope_mcp.services.verdicts import ROOFLINE_MARGIN, profile_warnings, suspect_reasons
+from kope_mcp.services.verdicts import ROOFLINE_MARGIN, profile_warnings, same_source_as_baseline, suspect_reasons
 
 MEASURED = (2.0, 2.5)  # a speedup CI clear of 1: only the roofline can make these results suspect
 BIG = 1 << 30  # bytes: far beyond any last-level cache
@@ -66,3 +66,14 @@ def test_the_stream_bound_is_kept_per_machine_and_never_lowered_by_a_busy_probe(
     hardware.keep_bounds_in(bounds)
     measured = hardware.streaming_bandwidth_gbps(again=True)
     assert measured > 0.001 and json.loads(bounds.read_text())[key]["stream_gbps"] == round(measured, 3)
+
+
+def test_the_baselines_source_with_other_whitespace_and_only_default_flags_is_the_baselines_code():
+    baseline = "void kernel(const float *x, float *y, long n) {\n  for (long i = 0; i < n; i++) y[i] = x[i];\n}\n"
+    reindented = baseline.replace("\n  ", "\n\t") + "\n\n"
+    defaults = ["-std=gnu17", "-O2", "-Wall"]
+    assert same_source_as_baseline(reindented, defaults, baseline, defaults)
+    assert same_source_as_baseline(baseline, [], baseline, defaults)
+    assert not same_source_as_baseline(baseline, [*defaults, "-O3"], baseline, defaults)  # flags can be a real win
+    assert not same_source_as_baseline(baseline.replace("x[i]", "2 * x[i]"), defaults, baseline, defaults)
+    assert not same_source_as_baseline(baseline, defaults, None, defaults)  # no baseline of its own: the reference
