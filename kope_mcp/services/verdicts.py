@@ -159,13 +159,17 @@ def beyond_memory_roof(nbytes: int, median: float, threads: int,
 
 
 def same_source_as_baseline(source: str, flags: list[str], baseline: str | None, default_flags: list[str]) -> bool:
-    """The baseline's own source (but for whitespace), built with no flag beyond the target's defaults: the
-    contract's test, for every target, that a speedup measured is placement or noise and never a win. A target
-    that can compare machine code (C) also catches the baseline's code moved around; one that cannot, a pure
-    Python fake here, had its baseline's own code measured "effective" against itself under load (a noisy
-    measurement whose CI still cleared 1.05)."""
-    return (baseline is not None and source.split() == baseline.split()
+    """The baseline's own source (but for trailing spaces and blank lines: indentation is code in Python and
+    Triton), built with no flag beyond the target's defaults: the contract's test, for every target, that a
+    speedup measured is placement or noise and never a win. A target that can compare machine code (C) also
+    catches the baseline's code moved around; one that cannot, a pure Python fake here, had its baseline's own
+    code measured "effective" against itself under load (a noisy measurement whose CI still cleared 1.05)."""
+    return (baseline is not None and _lines(source) == _lines(baseline)
             and set(flags) <= set(default_flags))
+
+
+def _lines(source: str) -> list[str]:
+    return [line.rstrip() for line in source.splitlines() if line.strip()]
 
 
 def noise_reasons(ratio_riqr: float, conservative: str) -> list[str]:

@@ -68,11 +68,14 @@ def test_the_stream_bound_is_kept_per_machine_and_never_lowered_by_a_busy_probe(
     assert measured > 0.001 and json.loads(bounds.read_text())[key]["stream_gbps"] == round(measured, 3)
 
 
-def test_the_baselines_source_with_other_whitespace_and_only_default_flags_is_the_baselines_code():
+def test_the_baselines_source_with_other_trailing_space_and_only_default_flags_is_the_baselines_code():
     baseline = "void kernel(const float *x, float *y, long n) {\n  for (long i = 0; i < n; i++) y[i] = x[i];\n}\n"
-    reindented = baseline.replace("\n  ", "\n\t") + "\n\n"
+    spaced = baseline.replace(") {\n", ") {   \n\n") + "\n\n"
     defaults = ["-std=gnu17", "-O2", "-Wall"]
-    assert same_source_as_baseline(reindented, defaults, baseline, defaults)
+    assert same_source_as_baseline(spaced, defaults, baseline, defaults)
+    python = "def kernel(x, out):\n    for i in range(len(x)):\n        out[i] = x[i]\n    out[0] += 1\n"
+    in_the_loop = python.replace("    out[0] += 1", "        out[0] += 1")  # indentation is code: not the same
+    assert not same_source_as_baseline(in_the_loop, [], python, [])
     assert same_source_as_baseline(baseline, [], baseline, defaults)
     assert not same_source_as_baseline(baseline, [*defaults, "-O3"], baseline, defaults)  # flags can be a real win
     assert not same_source_as_baseline(baseline.replace("x[i]", "2 * x[i]"), defaults, baseline, defaults)
