@@ -157,6 +157,13 @@ class NoDeviceError(KopeError):
     code = "no_device"
 
 
+class DeviceUnavailableError(KopeError):
+    """The server has a GPU but could not initialise it for this run: the server's fault, not the kernel's; nothing
+    of the call is recorded against the kernel."""
+
+    code = "device_unavailable"
+
+
 class TargetMismatchError(KopeError):
     code = "target_mismatch"
 

@@ -56,7 +56,11 @@ class TaskDetail(BaseModel):
     prototype: str = Field(description="The exact C prototype your source must define (backend 'c').")
     arguments: list[ArgumentInfo]
     cases: list[CaseInfo] = Field(description="Correctness cases run by run_tests (each with 2 input seeds).")
-    profile_case: CaseInfo = Field(description="The size profile_kernel measures.")
+    profile_case: CaseInfo = Field(description="The size profile_kernel measures on a CPU (the c backend, and the "
+                                   "GPU backends where the server has no GPU).")
+    gpu_profile_case: CaseInfo | None = Field(None, description="The size profile_kernel measures on a GPU (the "
+                                              "triton and cuda backends on a server with one): a size that fills "
+                                              "the device. None: the CPU size applies there too.")
     tolerance: list[ToleranceInfo]
     profile_tolerance: list[ToleranceInfo] = Field(default_factory=list, description="The tolerance outputs are "
                                                    "checked at, at the profiling size and in the case run_tests "

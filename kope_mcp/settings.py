@@ -52,6 +52,8 @@ class KopeSettings(BaseModel):
                                       "a noisy profile samples on up to 3 times it.")
     memory_limit_bytes: int = Field(4 * 1024**3, description="Address-space limit of a kernel child process.")
     compiler: str = Field("gcc", description="C compiler for the c backend (KOPE_CC).")
+    gpu: int = Field(0, ge=0, description="The GPU the triton and cuda backends run and time on, by its index in PCI "
+                     "order, /dev/nvidia<N> (KOPE_GPU); runs see that device alone.")
     embeddings: bool = Field(True, description="Semantic search with all-MiniLM-L6-v2 (KOPE_EMBEDDINGS=off).")
     selection: str = Field("", description="query_experience's weights: a preset name or a JSON file of "
                            "SelectionConfig fields (KOPE_SELECTION; default: the 'evidence' preset).")
@@ -74,6 +76,12 @@ class KopeSettings(BaseModel):
         if "KOPE_MAX_SOURCE_BYTES" in env:
             values["max_source_bytes"] = positive_number("KOPE_MAX_SOURCE_BYTES", int,
                                                          "a positive whole number of bytes", 256 * 1024)
+        if "KOPE_GPU" in env:
+            text = env["KOPE_GPU"].strip()
+            if not text.isdigit():
+                raise InvalidSettingError(f"KOPE_GPU={text!r} is not a GPU index (0, 1, ... as in /dev/nvidia<N>); "
+                                          "unset it for the default (0)")
+            values["gpu"] = int(text)
         if "KOPE_PROFILE_S" in env:
             values["profile_time_cap_s"] = positive_number("KOPE_PROFILE_S", float, "a positive number of seconds",
                                                            3.0)
@@ -87,6 +95,7 @@ class KopeSettings(BaseModel):
             "KOPE_CC": self.compiler,
             "KOPE_CLUSTER": self.cluster,
             "KOPE_EMBEDDINGS": "on" if self.embeddings else "off",
+            "KOPE_GPU": str(self.gpu),
             "KOPE_MAX_SOURCE_BYTES": str(self.max_source_bytes),
             "KOPE_PROFILE_S": f"{self.profile_time_cap_s:g}",
             "KOPE_SELECTION": self.selection,

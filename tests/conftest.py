@@ -58,3 +58,17 @@ def vector_add_with_body(body: str, prelude: str = "") -> str:
         "#include <stdint.h>\n#include <stdlib.h>\n#include <unistd.h>\n#include <stdio.h>\n#include <math.h>\n"
         f"{prelude}\nvoid kernel(const float *a, const float *b, float *out, int64_t n) {{\n{body}\n}}\n"
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` need an NVIDIA GPU: skipped without one (CI never has one; `pytest -m gpu` on a GPU
+    machine runs them)."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    from kope_mcp.targets.gpu import detect_gpu
+
+    if detect_gpu() is None:
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none here)")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)

@@ -421,6 +421,12 @@ def _doctor() -> int:
         for detail in status.details:
             print(f"           {detail}")
         print(f"           hardware key {target.hardware().key}")
+    from kope_mcp.targets.gpu import check_device_in_sandbox, detect_gpu
+
+    if detect_gpu() is not None and caps.isolated:
+        works, detail = check_device_in_sandbox(settings)
+        print(f"GPU run    {'works' if works else 'FAILS (device_unavailable)'}: GPU {settings.gpu} (KOPE_GPU): "
+              f"{detail}")
     print(f"KOPE_HOME  {settings.home}")
     from kope_mcp.runtime.sandbox_files import scratch_root
 

@@ -49,6 +49,7 @@ from kope_mcp.runtime.sandbox_files import memory_file as memory_file
 from kope_mcp.runtime.sandbox_files import read_back as read_back
 from kope_mcp.runtime.sandbox_files import read_memory_file as read_memory_file
 from kope_mcp.runtime.sandbox_files import remove_stale_scratch as remove_stale_scratch
+from kope_mcp.runtime.sandbox_gpu import GpuBinding
 from kope_mcp.runtime.sandbox_setup import RUN_UID_BASE as RUN_UID_BASE
 from kope_mcp.runtime.sandbox_setup import RUN_UID_SPAN as RUN_UID_SPAN
 from kope_mcp.runtime.sandbox_setup import SANDBOX_INPUTS as SANDBOX_INPUTS
@@ -212,13 +213,15 @@ def run_sandboxed(
     binds: Iterable[Path] = (),
     pass_fds: Sequence[int] = (),
     reaching: bool = False,
+    gpu: GpuBinding | None = None,
 ) -> SandboxResult:
     """Run ``argv`` in the scratch's run folder inside every isolation layer; never raises for what the child does.
 
     ``binds`` are host paths made visible read-only at their own paths (toolchains, the interpreter), besides
     what was :meth:`Scratch.place`-d. ``reaching`` lets the run use ``process_vm_*`` (a profile's coordinator,
     which loads no kernel and confines each worker it forks). Raises :class:`SandboxUnavailable` when no isolation
-    is possible and the user did not opt out.
+    is possible and the user did not opt out. ``gpu``: the assigned GPU's nodes and driver libraries are bound in
+    (:mod:`kope_mcp.runtime.sandbox_gpu`); the caller puts its ``env()`` in ``env``.
     """
     caps = capabilities()
     if not caps.isolated and not unsafe_opt_out():
@@ -229,10 +232,11 @@ def run_sandboxed(
         pass_fds = (*pass_fds, filter_fd)
     if caps.isolated:
         assert caps.bwrap is not None
-        for path in binds:
+        for path in (*binds, *(gpu.libraries if gpu is not None else ())):
             scratch.place(path)
         cmd = [*bwrap_argv(caps.bwrap, caps.mode, scratch.uid, binds=scratch.binds,
-                            run_dir=scratch.run, disable_userns=caps.disable_userns, seccomp_fd=filter_fd),
+                            run_dir=scratch.run, disable_userns=caps.disable_userns, seccomp_fd=filter_fd,
+                            dev_nodes=gpu.nodes if gpu is not None else ()),
                *identity_prefix(caps.mode, scratch.uid),
                # bwrap cannot chdir into a folder only the run's uid may enter: the run's own shell does.
                "/bin/sh", "-c", 'cd "$0" && exec "$@"', SANDBOX_RUN, *argv]

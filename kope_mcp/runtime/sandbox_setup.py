@@ -33,9 +33,10 @@ SANDBOX_INPUTS = "/kope/in"
 class SandboxLimits:
     wall_seconds: float = 30.0
     cpu_seconds: int = 60
-    address_space_bytes: int = 4 * 1024**3
+    address_space_bytes: int | None = 4 * 1024**3  # None: unbounded (a GPU run, whose driver reserves tens of GiB)
     max_processes: int = 256
     max_file_bytes: int = 256 * 1024**2
+    data_bytes: int | None = None  # RLIMIT_DATA: what a GPU run may allocate on the host instead
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,9 @@ def unsafe_opt_out() -> bool:
 
 # --- the command line ------------------------------------------------------------------------------------------
 def bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_dir: Path | None,
-                disable_userns: bool, seccomp_fd: int | None = None) -> list[str]:
+                disable_userns: bool, seccomp_fd: int | None = None, dev_nodes: tuple[str, ...] = ()) -> list[str]:
+    """``dev_nodes``: host device nodes bound read-write at their own paths (a GPU run's, sandbox_gpu.py); every
+    other run sees bubblewrap's minimal ``/dev`` alone."""
     argv = [bwrap, "--die-with-parent", "--new-session"]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
@@ -209,7 +212,10 @@ def bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_
             argv += ["--ro-bind", path, path]
             mounted.append(path)
     # /tmp is an empty tmpfs: folders under it are created like those under the root.
-    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    argv += ["--dev", "/dev"]
+    for node in dev_nodes:
+        argv += ["--dev-bind", node, node]
+    argv += ["--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
     mounted += ["/dev", "/proc"]
     created.add("/tmp")
     for path in _SYSTEM_FILES:
@@ -230,8 +236,11 @@ def bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_
 
 
 def prlimit_prefix(limits: SandboxLimits) -> list[str]:
+    memory = [f"--as={limits.address_space_bytes if limits.address_space_bytes is not None else 'unlimited'}"]
+    if limits.data_bytes is not None:
+        memory.append(f"--data={limits.data_bytes}")
     return ["prlimit", f"--cpu={limits.cpu_seconds}", "--core=0", f"--nproc={limits.max_processes}",
-            f"--fsize={limits.max_file_bytes}", f"--as={limits.address_space_bytes}", "--"]
+            f"--fsize={limits.max_file_bytes}", *memory, "--"]
 
 
 def fresh_uid() -> int:

@@ -66,6 +66,8 @@ def describe_task(workbench: Workbench, task_id: str) -> TaskDetail:
         ],
         cases=[CaseInfo(name=c.name, sizes=c.sizes) for c in spec.cases],
         profile_case=CaseInfo(name=spec.profile.name, sizes=spec.profile.sizes),
+        gpu_profile_case=(CaseInfo(name=spec.profile_gpu.name, sizes=spec.profile_gpu.sizes) if spec.profile_gpu
+                          else None),
         tolerance=[ToleranceInfo(dtype=d, atol=t.atol, rtol=t.rtol) for d, t in spec.tolerance.items()],
         profile_tolerance=[ToleranceInfo(dtype=d, atol=t.atol, rtol=t.rtol)
                            for d, t in spec.tolerance_for(spec.profile).items()],

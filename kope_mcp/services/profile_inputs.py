@@ -27,6 +27,10 @@ POOL_BYTES = 64 * 1024**2
 MIN_SETS, MAX_SETS = 2, 64
 #: The reference's time for all sets (it runs in the server before the measurement).
 REFERENCE_BUDGET_S = 1.5
+#: On a GPU the sets fill the device (tens to hundreds of MiB each) and live in device memory while timed; the
+#: float64 reference still runs on the host, so its budget is what bounds the pool (matmul 2048^3: ~0.1-0.3 s a set).
+GPU_POOL_BYTES = 1024**3
+GPU_REFERENCE_BUDGET_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -36,24 +40,29 @@ class ProfileInputs:
     reference_seconds: float
 
 
-def set_bytes(task: Task, inputs: dict[str, np.ndarray]) -> int:
-    sizes = task.spec.profile.sizes
+def set_bytes(task: Task, inputs: dict[str, np.ndarray], sizes: dict[str, int] | None = None) -> int:
+    sizes = task.spec.profile.sizes if sizes is None else sizes
     outputs = sum(int(np.prod(task.spec.shape_of(a, sizes))) * np.dtype(a.dtype).itemsize for a in task.outputs())
     return sum(a.nbytes for a in inputs.values()) + outputs
 
 
-def pool_size(one_set_bytes: int, reference_s: float) -> int:
-    by_memory = POOL_BYTES // max(1, one_set_bytes)
-    by_time = int(REFERENCE_BUDGET_S / max(reference_s, 1e-6))
+def pool_size(one_set_bytes: int, reference_s: float, device_class: str = "cpu") -> int:
+    pool_bytes, budget = (GPU_POOL_BYTES, GPU_REFERENCE_BUDGET_S) if device_class == "gpu" else \
+        (POOL_BYTES, REFERENCE_BUDGET_S)
+    by_memory = pool_bytes // max(1, one_set_bytes)
+    by_time = int(budget / max(reference_s, 1e-6))
     return max(MIN_SETS, min(MAX_SETS, by_memory, by_time))
 
 
-def draw_profile_inputs(task: Task, references: ReferenceRunner) -> ProfileInputs:
-    profile = task.spec.profile
+def draw_profile_inputs(task: Task, references: ReferenceRunner, device_class: str = "cpu") -> ProfileInputs:
+    """The pool for one profile at the profiling size of ``device_class`` ("cpu" or "gpu")."""
+    profile = task.spec.profile_for(device_class)
     seed = secrets.randbits(63)
     start = time.perf_counter()
     if not task.trusted:  # the task's own code: the sandbox draws the pool by the same rule
-        made = references.pool(task, profile, seed, PoolRule(MIN_SETS, MAX_SETS, POOL_BYTES, REFERENCE_BUDGET_S))
+        rule = PoolRule(MIN_SETS, MAX_SETS, *((GPU_POOL_BYTES, GPU_REFERENCE_BUDGET_S) if device_class == "gpu"
+                                              else (POOL_BYTES, REFERENCE_BUDGET_S)))
+        made = references.pool(task, profile, seed, rule)
         return ProfileInputs([PreparedCase(f"{profile.name}#{i}", profile.sizes, data.inputs)
                               for i, data in enumerate(made)], [data.expected for data in made],
                              time.perf_counter() - start)
@@ -65,6 +74,6 @@ def draw_profile_inputs(task: Task, references: ReferenceRunner) -> ProfileInput
         t0 = time.perf_counter()
         expected.append(task.run_reference(inputs, profile.sizes))
         if not sets:
-            count = pool_size(set_bytes(task, inputs), time.perf_counter() - t0)
+            count = pool_size(set_bytes(task, inputs, profile.sizes), time.perf_counter() - t0, device_class)
         sets.append(PreparedCase(f"{profile.name}#{len(sets)}", profile.sizes, inputs))
     return ProfileInputs(sets, expected, time.perf_counter() - start)

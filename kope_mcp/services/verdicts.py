@@ -10,6 +10,7 @@ from kope_mcp.models import CaseResult, FailureKind, ProfileFailure
 from kope_mcp.services.correctness import judge_case
 from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase, checked_sets
 from kope_mcp.tasks.loader import Task
+from kope_mcp.tasks.spec import CaseSpec
 
 SEEDS_PER_CASE = 2
 NOISY_RELATIVE_IQR = 0.05
@@ -37,8 +38,8 @@ FAILURE_NEXT_STEPS: dict[str, str] = {
 }
 
 
-def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase],
-                    expected: list[list[np.ndarray]]) -> tuple[ProfileFailure | None, str]:
+def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase], expected: list[list[np.ndarray]],
+                    profile: CaseSpec | None = None) -> tuple[ProfileFailure | None, str]:
     """Why a profile is not a measurement (wrong or crashing at the profiling size, ...), or (None, "").
 
     Wrong outputs come before unverified timings: they were read back by the coordinator whatever the timing
@@ -64,7 +65,7 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
     for index, got in zip(checked, outcome.outputs, strict=True):
         case, exp = sets[index], expected[index]
         result, failure = judge_case(case.name, case.sizes, got, exp, names,
-                                     task.spec.tolerance_for(task.spec.profile), [])
+                                     task.spec.tolerance_for(profile or task.spec.profile), [])
         if failure is not None:
             where = (f"; {result.mismatches} element(s) wrong, first at flat index {result.first_bad_index} of "
                      f"{result.first_bad_output!r} (expected {result.expected}, got "

@@ -14,6 +14,7 @@ from kope_mcp.cluster.dispatch import cluster_roster
 from kope_mcp.errors import (
     MAX_STRATEGY_CHARS,
     BuildTamperedError,
+    DeviceUnavailableError,
     EmptySourceError,
     FailedTestsError,
     NoDeviceError,
@@ -42,6 +43,7 @@ from kope_mcp.models import (
 from kope_mcp.runtime.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, stopping, unsafe_opt_out
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.fair_slot import FairSlot
+from kope_mcp.services.gpu_verdicts import gpu_clock_warnings, gpu_suspect_reasons
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.services.profile_inputs import draw_profile_inputs
 from kope_mcp.services.references import ReferenceRunner
@@ -64,7 +66,7 @@ from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Target
 from kope_mcp.targets.builds import TamperedBuildError
 from kope_mcp.targets.diagnostics import Diagnostic
-from kope_mcp.targets.native_runner import PreparedCase
+from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.targets.registry import load_targets
 from kope_mcp.tasks.drawn import draw_case
 from kope_mcp.tasks.loader import Task
@@ -276,6 +278,7 @@ class Workbench(WorkbenchDevices):
         progress(1, 3, f"running {len(prepared)} case runs in the sandbox ({status.summary})")
         outcome = target.run_cases(task, record.build_hash, [p.case for p in prepared],
                                    wall_s=self.settings.test_timeout_s)
+        _unless_device_unavailable(outcome, "run_tests")
         progress(2, 3, "comparing with the reference")
         if outcome.status != "ok":
             failed = outcome.failed_case
@@ -366,10 +369,11 @@ class Workbench(WorkbenchDevices):
         sandbox_warnings = self._require_sandbox()
         task = self.tasks.get(record.task_id)
         self._check_build(target, record.build_hash)
-        profile = task.spec.profile
+        device_class = target.device_class()
+        profile = task.spec.profile_for(device_class)
         sizes = profile.sizes
         progress(0, 3, "drawing fresh input sets and their reference outputs at the profiling size")
-        pool = draw_profile_inputs(task, self.references)
+        pool = draw_profile_inputs(task, self.references, device_class)
         sets, expected = pool.sets, pool.expected
         hardware = target.hardware()
         # Calls on the same set must agree within the task's own tolerance, not the profiling case's wider one
@@ -389,9 +393,10 @@ class Workbench(WorkbenchDevices):
             costs = target.deterministic_costs(task, record.build_hash, sets[0]) \
                 if deterministic and outcome.status == "ok" else None
         _unless_stopping("profile_kernel")
+        _unless_device_unavailable(outcome, "profile_kernel")
         queueing = {"device": record.target, "waited_s": round(wait, 3), "device_share": round(slot.share(client), 3)}
         base_key, pin = measured.baseline_key, measured.pinned_cpu
-        failure, message = profile_failure(task, outcome, sets, expected)
+        failure, message = profile_failure(task, outcome, sets, expected, profile)
         if failure is not None:
             report = ProfileReport(
                 kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),
@@ -416,7 +421,9 @@ class Workbench(WorkbenchDevices):
         warnings = profile_warnings(kernel_stats.relative_iqr, base_stats.relative_iqr, speedup, speedup_ci,
                                      nbytes, median, threads, roofline, naive_baseline=base_key == "baseline")
         reasons = thread_reasons + untimed_work_reasons(outcome.result, median, threads) + \
-            suspect_reasons(speedup_ci, flops, nbytes, median, threads, roofline)
+            suspect_reasons(speedup_ci, flops, nbytes, median, threads, roofline) + \
+            gpu_suspect_reasons(outcome.result, flops, nbytes, median)
+        warnings += gpu_clock_warnings(outcome.result)
         noise = noise_reasons(ratio_spread(samples[base_key], samples["candidate"]), outcome.timings.conservative)
         warnings += sandbox_warnings + measured.warnings
         if isinstance(costs, str):
@@ -447,6 +454,13 @@ class Workbench(WorkbenchDevices):
         self.memory.record_profile(kernel_id, report)
         progress(3, 3, f"speedup vs baseline {speedup:.2f}x")
         return report
+
+
+def _unless_device_unavailable(outcome: HarnessOutcome, tool: str) -> None:
+    """A GPU the run could not initialise is the server's fault: an error of its own, nothing recorded."""
+    if outcome.status == "device_unavailable":
+        raise DeviceUnavailableError(f"{tool} could not use this server's GPU: {outcome.message}. Nothing was "
+                                     "recorded against the kernel; `kope doctor` checks the device in the sandbox")
 
 
 def _unless_stopping(tool: str) -> None:

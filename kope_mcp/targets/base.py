@@ -134,6 +134,10 @@ class Target(ABC):
             f"deterministic counts are not available for backend {self.name!r}; call profile_kernel with "
             "deterministic=false")
 
+    def device_class(self) -> str:
+        """Which of a task's profiling sizes applies here: "cpu", or "gpu" where kernels run on a GPU."""
+        return "cpu"
+
     def roofline(self) -> HardwareProfile | None:
         """The hardware whose peak a result is checked against (None: no plausibility bound for this target)."""
         return None

@@ -3,13 +3,19 @@ takes device pointers and launches its own kernels.
 
 ``compile_kernel`` runs ``nvcc`` in the sandbox (arch from the GPU present, else ``target_arch``, default sm_80)
 with an allow-listed flag set and ``-Xptxas -v``, so every machine with nvcc gets real diagnostics at the user's
-lines and each kernel's registers, spills and shared memory, GPU or not. Running and timing need a GPU and are
-not in this release: ``run_tests`` and ``profile_kernel`` answer ``no_device:``.
+lines and each kernel's registers, spills and shared memory, GPU or not. On a GPU, ``run_tests`` and
+``profile_kernel`` load the library in the sandbox given the assigned GPU alone and call ``kernel`` through ctypes
+with device pointers: the harness owns allocation, copies, launch and synchronisation (targets/gpu.py). Without
+one they answer ``no_device:``.
+
+The build adds ``kope_last_error()`` (the library's own ``cudaGetLastError``; nvcc links the CUDA runtime
+statically, so only the library can ask it) to the prototype header: a launch the runtime refused is named.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import shutil
@@ -20,10 +26,10 @@ from kope_mcp.errors import NoDeviceError, RefusedFlagError
 from kope_mcp.runtime.sandbox import (
     SandboxLimits,
 )
-from kope_mcp.targets.base import CompileOptions, Measurement, TargetStatus
+from kope_mcp.targets.base import CompileOptions, TargetStatus
 from kope_mcp.targets.builds import BuildResult, build_key, trim_log
 from kope_mcp.targets.diagnostics import Diagnostic, parse_diagnostics
-from kope_mcp.targets.gpu import GpuTarget, detect_gpu, resolve_arch
+from kope_mcp.targets.gpu import GPU_RULES, GpuTarget, detect_gpu, resolve_arch
 from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.targets.toolchain import build_library
 from kope_mcp.tasks.loader import Task
@@ -102,6 +108,7 @@ class CudaTarget(GpuTarget):
     language = "CUDA C++"
     source_kind = 'CUDA C++ defining `extern "C" void kernel(...)` (device pointers) that launches its kernels'
     baseline_file, source_name, artifact_name, default_arch = BASELINE_FILE, SOURCE_NAME, ARTIFACT_NAME, DEFAULT_ARCH
+    kind = "cuda"
 
     def status(self) -> TargetStatus:
         version = nvcc_version()
@@ -109,11 +116,17 @@ class CudaTarget(GpuTarget):
             return TargetStatus(False, False, False, "nvcc not found",
                                 why_not="nvcc (the CUDA toolkit) is not installed on the server")
         gpu = detect_gpu()
-        where = f"{gpu.name} ({gpu.arch})" if gpu else f"no GPU, compiles for {DEFAULT_ARCH} by default"
-        return TargetStatus(True, False, False, f"nvcc {version}; {where}",
-                            why_not=("running and timing CUDA kernels on a GPU is not in this release"
-                                     if gpu else "no CUDA GPU on this machine; compile_kernel works without one"),
-                            details=(f"nvcc {version} at {nvcc_path()}",))
+        if gpu is None:
+            return TargetStatus(True, False, False, f"nvcc {version}; no GPU, compiles for {DEFAULT_ARCH} by default",
+                                why_not="no CUDA GPU on this machine; compile_kernel works without one",
+                                details=(f"nvcc {version} at {nvcc_path()}",))
+        if importlib.util.find_spec("torch") is None:
+            return TargetStatus(True, False, False, f"nvcc {version}; {gpu.name} ({gpu.arch})",
+                                why_not="running CUDA kernels needs torch on the server (its harness allocates and "
+                                        "copies device memory with it)", details=(f"nvcc {version} at {nvcc_path()}",))
+        return TargetStatus(True, True, True, f"nvcc {version}; {gpu.name} ({gpu.arch})",
+                            details=(f"nvcc {version} at {nvcc_path()}", f"GPU {gpu.name}, {gpu.sm_count} SMs; runs "
+                                     f"see GPU {self.settings.gpu} alone"))
 
     def check_flags(self, flags: list[str], options: CompileOptions) -> None:
         validate_cuda_flags(flags)
@@ -133,19 +146,20 @@ class CudaTarget(GpuTarget):
             f"nvcc with {' '.join(BASE_FLAGS)} -Xptxas -v for target_arch (default: the GPU present, else "
             f"{DEFAULT_ARCH}); allowed flags: {FLAGS_SUMMARY}.",
             "Arrays are contiguous, row-major, of any size including 1: guard every tail.",
+            *GPU_RULES,
         ]
 
     def compile(self, task: Task, source: str, flags: list[str], options: CompileOptions) -> BuildResult:
         flags = validate_cuda_flags(flags)
         arch = resolve_arch(options.target_arch, DEFAULT_ARCH)
         digest = build_key({"backend": self.name, "nvcc": nvcc_version(), "arch": arch, "flags": flags,
-                            "base": BASE_FLAGS, "prototype": task.spec.prototype, "source": source})
+                            "base": BASE_FLAGS, "header": prototype_header(task), "source": source})
         cached = self.cache.load(digest)
         if cached is not None:
             return cached
         nvcc = nvcc_path()
         assert nvcc is not None  # the workbench checked status().compile
-        header = "#include <stdint.h>\n#include <stddef.h>\n" + f'extern "C" {task.spec.prototype};\n'
+        header = prototype_header(task)
         timeout = self.settings.compile_timeout_s
         run = build_library(
             self.settings.scratch_dir, files={SOURCE_NAME: source, PROTOTYPE_HEADER: header},
@@ -170,8 +184,14 @@ class CudaTarget(GpuTarget):
         return build
 
     def run_cases(self, task: Task, build_hash: str, cases: list[PreparedCase], *, wall_s: float) -> HarnessOutcome:
-        raise NoDeviceError(f"run_tests is not available for cuda here: {self.status().why_not}")
+        if detect_gpu() is None:
+            raise NoDeviceError(f"run_tests is not available for cuda here: {self.status().why_not}")
+        return self.run_on_gpu(task, build_hash, cases, wall_s=wall_s)
 
-    def profile(self, task: Task, build_hash: str, sets: list[PreparedCase], *, with_reference: bool,
-                time_cap_s: float, consistency: tuple[float, float], wall_s: float) -> Measurement:
-        raise NoDeviceError(f"profile_kernel is not available for cuda here: {self.status().why_not}")
+
+def prototype_header(task: Task) -> str:
+    """Included before the user's source (its line numbers stay the user's): the prototype, so a definition that
+    does not match is a compile error, and the harness's window on the library's own CUDA runtime."""
+    return ("#include <stdint.h>\n#include <stddef.h>\n#include <cuda_runtime.h>\n"
+            f'extern "C" {task.spec.prototype};\n'
+            'extern "C" int kope_last_error(void) { return (int)cudaGetLastError(); }\n')

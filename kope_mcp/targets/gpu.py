@@ -10,10 +10,13 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from kope_mcp.errors import RefusedFlagError
+from kope_mcp.errors import DeviceUnavailableError, NoDeviceError, RefusedFlagError
 from kope_mcp.hardware import HardwareProfile
-from kope_mcp.targets.base import CompileOptions, Target
+from kope_mcp.runtime.sandbox import capabilities
+from kope_mcp.runtime.sandbox_gpu import GpuBinding, assigned_gpu
+from kope_mcp.targets.base import CompileOptions, Measurement, Target
 from kope_mcp.targets.builds import BuildCache
+from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase, gpu_profile
 
 if TYPE_CHECKING:
     from kope_mcp.settings import KopeSettings
@@ -97,18 +100,71 @@ def resolve_arch(requested: str | None, default: str) -> str:
                                "'sm_50' to 'sm_130', e.g. 'sm_80', 'sm_90', 'sm_100'") from None
 
 
+GPU_RULES = (
+    "On a GPU, profile_kernel times one call per sample with CUDA events after warm-up, the L2 flushed before "
+    "each call and a device-wide synchronisation inside the timed region: work left on another stream counts, a "
+    "host thread left running after kernel() returns ends the measurement, and every timed call's output is "
+    "checked. The profiling size is the task's GPU size (get_task: gpu_profile_case). Float32 means float32: "
+    "TF32 or half precision fails the tolerance or is flagged past the device's measured float32 rate.",
+)
+
+
 class GpuTarget(Target):
     """What the GPU targets share: a task has a version for them when its folder holds their baseline file; the
-    hardware is the GPU present (else a no-GPU key for the default architecture); builds are content-addressed."""
+    hardware is the GPU present (else a no-GPU key for the default architecture); builds are content-addressed;
+    on a GPU, run_tests and profile_kernel run in a sandbox given the assigned GPU alone (runtime/sandbox_gpu.py)
+    through one harness (targets/gpu_harness.py, gpu_profile_harness.py), whatever the language."""
 
     baseline_file: ClassVar[str]
     source_name: ClassVar[str]
     artifact_name: ClassVar[str]
     default_arch: ClassVar[str]
+    #: What the harness loads: "triton" (a Python module) or "cuda" (a shared library).
+    kind: ClassVar[str]
 
     def __init__(self, settings: KopeSettings) -> None:
         super().__init__(settings)
         self.cache = BuildCache(settings.builds_dir, self.artifact_name, self.source_name)
+        self.runner = NativeRunner(settings.memory_limit_bytes, settings.scratch_dir)
+
+    def device_class(self) -> str:
+        return "gpu" if detect_gpu() is not None else "cpu"
+
+    def binding(self) -> GpuBinding:
+        """The assigned GPU's nodes and libraries for a run; DeviceUnavailableError when they cannot be given."""
+        found = assigned_gpu(self.settings.gpu, capabilities().mode == "per-run-uid")
+        if isinstance(found, str):
+            raise DeviceUnavailableError(f"GPU {self.settings.gpu} (KOPE_GPU) cannot be given to a run: {found}")
+        return found
+
+    def harness_env(self) -> dict[str, str]:
+        """What the target's runs need in their environment besides the GPU's (``{run}``: the run's folder)."""
+        return {}
+
+    def run_on_gpu(self, task: Task, build_hash: str, cases: list[PreparedCase], *, wall_s: float) -> HarnessOutcome:
+        # Importing torch and bringing up the device take seconds before the first case.
+        return self.runner.run_tests(task, self.cache.artifact(build_hash), cases, wall_s * 2 + 30, openmp=False,
+                                     harness="kope_mcp.targets.gpu_harness", env=self.harness_env(),
+                                     job_extra={"device": "cuda", "kind": self.kind}, gpu=self.binding())
+
+    def profile(self, task: Task, build_hash: str, sets: list[PreparedCase], *, with_reference: bool,
+                time_cap_s: float, consistency: tuple[float, float], wall_s: float) -> Measurement:
+        """The candidate against the target's naive baseline on the GPU (the float64 reference is not timed
+        there: a host reference says nothing about a device)."""
+        if detect_gpu() is None:
+            raise NoDeviceError(f"profile_kernel is not available for {self.name} here: {self.status().why_not}")
+        baseline = self.baseline_source(task)
+        if baseline is None:
+            raise NoDeviceError(f"task {task.id} has no {self.name} baseline to time against")
+        built = self.compile(task, baseline, [], CompileOptions())
+        if not built.ok:
+            raise RuntimeError(f"the {self.name} baseline of task {task.id} does not compile: {built.log}")
+        libraries = {"candidate": self.cache.artifact(build_hash), "baseline": self.cache.artifact(built.build_hash)}
+        # Each worker imports torch and brings up its own context (seconds) before the measurement starts.
+        outcome = gpu_profile(self.runner, task, libraries, sets, kind=self.kind, gpu=self.binding(),
+                              time_cap_s=time_cap_s, wall_s=wall_s + 60, consistency=consistency,
+                              env=self.harness_env())
+        return Measurement(outcome=outcome, baseline_key="baseline", threads=1, cpus_given=1)
 
     def hardware(self) -> HardwareProfile:
         gpu = detect_gpu()
@@ -128,3 +184,51 @@ class GpuTarget(Target):
         resolve_arch(options.target_arch, self.default_arch)
         if flags:
             super().check_flags(flags, CompileOptions())
+
+
+# Brings the driver up in a run exactly as a kernel's run does (same sandbox, the assigned GPU alone), with the
+# driver API only: a context, an allocation, a synchronisation.
+_DEVICE_PROBE = """
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+def check(code, what):
+    if code != 0:
+        name = ctypes.c_char_p()
+        cuda.cuGetErrorName(code, ctypes.byref(name))
+        sys.exit(f"{what}: {(name.value or b'CUDA error %d' % code).decode()}")
+check(cuda.cuInit(0), "cuInit")
+count = ctypes.c_int(0)
+check(cuda.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+if count.value != 1:
+    sys.exit(f"the run sees {count.value} GPUs, not 1")
+device, ctx, ptr = ctypes.c_int(0), ctypes.c_void_p(), ctypes.c_uint64(0)
+check(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
+check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain")
+check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+check(cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20), "cuMemAlloc")
+check(cuda.cuMemsetD8_v2(ptr, 0, 1 << 20), "cuMemsetD8")
+check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
+name = ctypes.create_string_buffer(256)
+cuda.cuDeviceGetName(name, 256, device)
+print(name.value.decode())
+"""
+
+
+def check_device_in_sandbox(settings: KopeSettings) -> tuple[bool, str]:
+    """Initialise the assigned GPU inside a run's sandbox (``kope doctor``): (works, what was seen or why not)."""
+    from kope_mcp.runtime.sandbox import SandboxLimits, Scratch, run_sandboxed, scrubbed_env
+    from kope_mcp.targets.native_runner import python_runtime
+
+    found = assigned_gpu(settings.gpu, capabilities().mode == "per-run-uid")
+    if isinstance(found, str):
+        return False, found
+    runtime = python_runtime()
+    with Scratch(settings.scratch_dir) as scratch:
+        env = scrubbed_env(found.env(), tmpdir=scratch.inside(scratch.run))
+        run = run_sandboxed([runtime.executable, "-S", "-c", _DEVICE_PROBE], scratch=scratch, env=env,
+                            limits=SandboxLimits(wall_seconds=60, cpu_seconds=60, address_space_bytes=None,
+                                             data_bytes=settings.memory_limit_bytes),
+                            binds=runtime.interpreter, gpu=found)
+    if run.returncode == 0:
+        return True, f"{run.stdout_tail.strip()} initialised in a run's sandbox ({', '.join(found.nodes)})"
+    return False, (run.stderr_tail.strip().splitlines() or [run.describe()])[-1]

@@ -33,10 +33,14 @@ from kope_mcp.runtime.sandbox import (
     run_sandboxed,
     scrubbed_env,
 )
+from kope_mcp.runtime.sandbox_gpu import GpuBinding
 from kope_mcp.targets.timing import CorroboratedTimings, TimingUnverified, corroborate, parse_stamps
 from kope_mcp.tasks.loader import Task
 
-Status = Literal["ok", "crash", "timeout", "fork", "load_error", "unverified", "tampered"]
+# A GPU run's host allocations (RLIMIT_DATA), in multiples of the server's memory limit: each profile worker holds
+# its input sets on the host too, and the CUDA runtime and torch allocate besides.
+GPU_DATA_FACTOR = 2
+Status = Literal["ok", "crash", "timeout", "fork", "load_error", "unverified", "tampered", "device_unavailable"]
 _TRAILER_CAP = 4 * 1024**2
 MIN_ROUNDS = 7
 _PROGRESS_CAP = 64 * 1024
@@ -189,7 +193,7 @@ class NativeRunner:
 
     def _run(self, job: dict[str, Any], cases: list[PreparedCase], task: Task, wall_s: float,
              extra_env: dict[str, str], libraries: dict[str, Path], *, timing_cpu: int | None = None,
-             harness: str = "kope_mcp.runtime.harness") -> tuple[HarnessOutcome, bytes]:
+             harness: str = "kope_mcp.runtime.harness", gpu: GpuBinding | None = None) -> tuple[HarnessOutcome, bytes]:
         runtime = python_runtime()
         result_fd, progress_fd = memory_file("result"), memory_file("progress")
         fds = {"result": result_fd, "progress": progress_fd}
@@ -222,16 +226,17 @@ class NativeRunner:
                 job_path.write_text(json.dumps(job))
                 job_path.chmod(0o644)
                 env = scrubbed_env({"PYTHONPATH": runtime.place(scratch), "PYTHONDONTWRITEBYTECODE": "1",
-                                    **extra_env}, tmpdir=scratch.inside(scratch.run))
+                                    **extra_env, **(gpu.env() if gpu is not None else {})},
+                                   tmpdir=scratch.inside(scratch.run))
                 env = {k: v.replace("{run}", scratch.inside(scratch.run)) for k, v in env.items()}
                 run = run_sandboxed(
                     [runtime.executable, "-S", "-B", "-m", harness, scratch.inside(job_path)],
                     scratch=scratch,
-                    limits=SandboxLimits(wall_seconds=wall_s, cpu_seconds=int(wall_s * (os.cpu_count() or 1)) + 5,
-                                         address_space_bytes=self.memory_limit_bytes),
+                    limits=self._limits(wall_s, gpu is not None),
                     env=env,
                     pass_fds=tuple(fds.values()),
                     reaching=job["mode"] == "profile",  # the coordinator reads the stopped candidate's buffers
+                    gpu=gpu,
                 )
                 outcome = HarnessOutcome(status="ok", stdout_tail=run.stdout_tail, stderr_tail=run.stderr_tail,
                                          uid=run.uid)
@@ -263,6 +268,14 @@ class NativeRunner:
                     timekeeper.kill()
                     timekeeper.wait()
 
+    def _limits(self, wall_s: float, gpu: bool) -> SandboxLimits:
+        cpu = int(wall_s * (os.cpu_count() or 1)) + 5
+        if gpu:
+            # The CUDA runtime reserves tens of GiB of address space at start: bound what it allocates instead.
+            return SandboxLimits(wall_seconds=wall_s, cpu_seconds=cpu, address_space_bytes=None,
+                                 data_bytes=GPU_DATA_FACTOR * self.memory_limit_bytes)
+        return SandboxLimits(wall_seconds=wall_s, cpu_seconds=cpu, address_space_bytes=self.memory_limit_bytes)
+
     @staticmethod
     def _corroborate(outcome: HarnessOutcome, stamps: str, order: list[str]) -> None:
         if outcome.result.get("fatal"):
@@ -289,19 +302,22 @@ class NativeRunner:
         elif fatal == "tampered":
             outcome.status = "tampered"
             outcome.message = str(outcome.result.get("message"))[:800]
+        elif fatal == "device_unavailable":
+            outcome.status = "device_unavailable"
+            outcome.message = str(outcome.result.get("message"))[:800]
         elif fatal == "load_error":
             outcome.status = "load_error"
             outcome.message = f"the kernel library cannot be loaded: {str(outcome.result.get('message'))[:800]}"
 
     def run_tests(self, task: Task, library: Path, cases: list[PreparedCase], wall_s: float,
                   openmp: bool, *, harness: str = "kope_mcp.runtime.harness", env: dict[str, str] | None = None,
-                  job_extra: dict[str, Any] | None = None) -> HarnessOutcome:
+                  job_extra: dict[str, Any] | None = None, gpu: GpuBinding | None = None) -> HarnessOutcome:
         """Each case once; ``harness`` is the child module (a target's own for a non-C-ABI artifact); ``{run}``
-        in an ``env`` value becomes the run's writable folder."""
+        in an ``env`` value becomes the run's writable folder; ``gpu``: the run is given that GPU."""
         job: dict[str, Any] = {"mode": "test", "args": _args(task), **(job_extra or {})}
         outcome, raw = self._run(job, cases, task, wall_s,
                                  ({} if openmp else {"OMP_NUM_THREADS": "1"}) | (env or {}),
-                                 {"candidate": library}, harness=harness)
+                                 {"candidate": library}, harness=harness, gpu=gpu)
         if outcome.status == "ok":
             try:
                 reported = outcome.result.get("cases")
@@ -343,6 +359,28 @@ class NativeRunner:
                 if outcome.status == "ok":
                     outcome.status, outcome.message = "unverified", f"the harness's result is unusable: {exc}"
         return outcome
+
+
+def gpu_profile(runner: NativeRunner, task: Task, libraries: dict[str, Path], sets: list[PreparedCase], *,
+                kind: str, gpu: GpuBinding, time_cap_s: float, wall_s: float, consistency: tuple[float, float],
+                env: dict[str, str]) -> HarnessOutcome:
+    """A GPU target's profile (targets/gpu_profile_harness.py): candidate and baseline, each in its own worker
+    on the device, through the contract's protocol; timings corroborated by the timekeeper as for C."""
+    job: dict[str, Any] = {
+        "mode": "profile", "kind": kind, "args": _args(task), "task_folder": None, "time_cap_s": time_cap_s,
+        "pid_namespace": capabilities().isolated, "consistency_atol": consistency[0],
+        "consistency_rtol": consistency[1], "min_rounds": MIN_ROUNDS, "gpu_minor": gpu.index,
+    }
+    outcome, raw = runner._run(job, sets, task, wall_s, {"OMP_NUM_THREADS": "1", **env}, libraries,
+                               harness="kope_mcp.targets.gpu_profile_harness", gpu=gpu)
+    if outcome.status == "ok" or (outcome.status == "unverified" and raw):
+        try:
+            checked = [sets[i] for i in checked_sets(outcome.result, len(sets))]
+            outcome.outputs = _unpack_outputs(raw, task, checked, len(checked))
+        except TrailerError as exc:
+            if outcome.status == "ok":
+                outcome.status, outcome.message = "unverified", f"the harness's result is unusable: {exc}"
+    return outcome
 
 
 def _args(task: Task) -> list[dict[str, Any]]:

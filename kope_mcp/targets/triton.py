@@ -1,10 +1,10 @@
 """The ``triton`` target: a Python module with ``@triton.jit`` kernels and a launcher ``kernel(...)``.
 
-With a GPU that Triton supports, kernels compile and run there. Without one, ``compile_kernel`` compiles ahead of
-time for a named GPU (``target_arch``, default sm_90) and reports real frontend diagnostics and each kernel's
-registers, shared memory and local memory, and ``run_tests`` runs the launcher in Triton's interpreter on the CPU
-(``TRITON_INTERPRET=1``): correctness only, checked against the reference like every other target, with guard
-zones around every buffer. ``profile_kernel`` then refuses with ``no_device:``.
+With a GPU that Triton supports, kernels compile, run and are timed there (targets/gpu.py). Without one,
+``compile_kernel`` compiles ahead of time for a named GPU (``target_arch``, default sm_90) and reports real frontend
+diagnostics and each kernel's registers, shared memory and local memory, and ``run_tests`` runs the launcher in
+Triton's interpreter on the CPU (``TRITON_INTERPRET=1``): correctness only, checked against the reference like
+every other target, with guard zones around every buffer. ``profile_kernel`` then refuses with ``no_device:``.
 
 The artifact of a build is the submitted source itself (kept under ``KOPE_HOME/builds`` with its sha256): the
 compile child runs next to the module's own top-level code in the sandbox, so nothing it writes is kept.
@@ -22,16 +22,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kope_mcp.errors import NoDeviceError, RefusedFlagError
+from kope_mcp.errors import RefusedFlagError
 from kope_mcp.models import KernelResources
 from kope_mcp.runtime import sandbox_seccomp
 from kope_mcp.runtime.sandbox import SandboxLimits, Scratch, memory_file, read_memory_file, run_sandboxed, scrubbed_env
-from kope_mcp.settings import KopeSettings
-from kope_mcp.targets.base import CompileOptions, Measurement, TargetStatus
+from kope_mcp.targets.base import CompileOptions, TargetStatus
 from kope_mcp.targets.builds import BuildResult, build_key, trim_log
 from kope_mcp.targets.diagnostics import Diagnostic
-from kope_mcp.targets.gpu import GpuTarget, detect_gpu, resolve_arch
-from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase, python_runtime
+from kope_mcp.targets.gpu import GPU_RULES, GpuTarget, detect_gpu, resolve_arch
+from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase, python_runtime
 from kope_mcp.tasks.loader import Task
 
 BASELINE_FILE = "baseline_triton.py"
@@ -60,10 +59,7 @@ class TritonTarget(GpuTarget):
     source_kind = "a Python module with @triton.jit kernels and a launcher `kernel(...)` taking torch tensors"
     # The artifact is the submitted source itself.
     baseline_file, source_name, artifact_name, default_arch = BASELINE_FILE, SOURCE_NAME, SOURCE_NAME, DEFAULT_ARCH
-
-    def __init__(self, settings: KopeSettings) -> None:
-        super().__init__(settings)
-        self.runner = NativeRunner(settings.memory_limit_bytes, settings.scratch_dir)
+    kind = "triton"
 
     @property
     def draws_cases(self) -> bool:  # type: ignore[override]
@@ -77,10 +73,9 @@ class TritonTarget(GpuTarget):
                                 why_not="Triton is not installed on the server (pip install -e '.[triton]')")
         gpu = detect_gpu()
         if gpu is not None:
-            return TargetStatus(True, True, False, f"Triton {version} on {gpu.name} ({gpu.arch})",
-                                why_not="timing Triton kernels on the GPU is not in this release (compile and "
-                                        "run_tests run on the GPU)",
-                                details=(f"GPU {gpu.name}, compute capability {gpu.major}.{gpu.minor}",))
+            return TargetStatus(True, True, True, f"Triton {version} on {gpu.name} ({gpu.arch})",
+                                details=(f"GPU {gpu.name}, compute capability {gpu.major}.{gpu.minor}, "
+                                         f"{gpu.sm_count} SMs; runs see GPU {self.settings.gpu} alone",))
         return TargetStatus(True, True, False, f"Triton {version}, interpreter on the CPU (TRITON_INTERPRET=1)",
                             why_not="no GPU that Triton supports on this machine; run_tests uses Triton's "
                                     "interpreter on the CPU and compile_kernel compiles for target_arch",
@@ -116,6 +111,7 @@ class TritonTarget(GpuTarget):
             "compile_kernel compiles for target_arch (default: the GPU present, else sm_90) and reports registers, "
             "shared memory and spills per kernel. Without a GPU, run_tests runs Triton's interpreter on the CPU "
             "(correctness only) and profile_kernel is not available.",
+            *GPU_RULES,
         ]
 
     # --- compile -------------------------------------------------------------------------------------------
@@ -186,17 +182,17 @@ class TritonTarget(GpuTarget):
         return result, log
 
     # --- run -----------------------------------------------------------------------------------------------
+    def harness_env(self) -> dict[str, str]:
+        return triton_env("{run}")
+
     def run_cases(self, task: Task, build_hash: str, cases: list[PreparedCase], *, wall_s: float) -> HarnessOutcome:
-        on_gpu = detect_gpu() is not None
-        env = triton_env("{run}") | ({} if on_gpu else {"TRITON_INTERPRET": "1"})
+        if detect_gpu() is not None:
+            return self.run_on_gpu(task, build_hash, cases, wall_s=wall_s)
         # Importing torch and triton takes seconds before the first case; the interpreter is slow.
         return self.runner.run_tests(task, self.cache.artifact(build_hash), cases, wall_s * 4 + 30, openmp=False,
-                                     harness="kope_mcp.targets.triton_harness", env=env,
-                                     job_extra={"device": "cuda" if on_gpu else "cpu"})
-
-    def profile(self, task: Task, build_hash: str, sets: list[PreparedCase], *, with_reference: bool,
-                time_cap_s: float, consistency: tuple[float, float], wall_s: float) -> Measurement:
-        raise NoDeviceError(f"profile_kernel is not available for triton here: {self.status().why_not}")
+                                     harness="kope_mcp.targets.gpu_harness",
+                                     env=triton_env("{run}") | {"TRITON_INTERPRET": "1"},
+                                     job_extra={"device": "cpu", "kind": "triton"})
 
 
 def triton_env(run_dir: str) -> dict[str, str]:

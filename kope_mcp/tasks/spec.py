@@ -136,6 +136,9 @@ class TaskSpec(BaseModel):
     args: list[ArgSpec]
     cases: list[CaseSpec] = Field(min_length=5)
     profile: CaseSpec
+    profile_gpu: CaseSpec | None = Field(None, description="The profiling size on a GPU (one that takes the naive "
+                                         "baseline about a millisecond or moves at least 4x the L2): a CPU size "
+                                         "would time launch overhead there. Absent: the CPU size applies.")
     tolerance: dict[DType, Tolerance]
     flops: str | int
     bytes: str | int
@@ -159,7 +162,7 @@ class TaskSpec(BaseModel):
         for expr_name, expr in (("flops", self.flops), ("bytes", self.bytes)):
             if isinstance(expr, str) and not names_in(expr) <= size_names:
                 raise ValueError(f"{expr_name} uses {sorted(names_in(expr) - size_names)}, which are not sizes")
-        for case in [*self.cases, self.profile]:
+        for case in [*self.cases, self.profile, *([self.profile_gpu] if self.profile_gpu else [])]:
             if set(case.sizes) != size_names:
                 raise ValueError(f"case {case.name!r} must give exactly the sizes {sorted(size_names)}")
             if any(v < 1 for v in case.sizes.values()):
@@ -171,6 +174,10 @@ class TaskSpec(BaseModel):
             if arg.dtype not in self.tolerance and arg.kind == "out":
                 raise ValueError(f"no tolerance for dtype {arg.dtype} of output {arg.name!r}")
         return self
+
+    def profile_for(self, device_class: str) -> CaseSpec:
+        """The profiling case of a device class ("cpu" or "gpu")."""
+        return self.profile_gpu if device_class == "gpu" and self.profile_gpu is not None else self.profile
 
     def tolerance_for(self, case: CaseSpec) -> dict[str, Tolerance]:
         """Per output dtype: the case's own tolerance where it has one, else the task's."""
