@@ -207,6 +207,7 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
     sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
     impl = Implementation(job.get("kind", "triton"), job["libraries"]["candidate"], job["args"])
     results = []
+    threads = 0  # the process's threads once the first case ran (torch, Triton and the driver start theirs lazily)
     for index, case in enumerate(sets):
         outputs = case.poisoned_outputs()
         progress.mark(f"start {index} {case.name}")
@@ -221,6 +222,11 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
         t0 = time.perf_counter()
         try:
             impl.call(tensors, case.sizes, case.scalars)
+            if threads and (running := len(os.listdir("/proc/self/task"))) > threads:
+                return {"fatal": "crash", "case": case.name,
+                        "message": f"case {case.name!r} {case.sizes}: kernel() returned with {running - threads} more "
+                                   "host thread(s) running than before: launch and finish the work in the calling "
+                                   "thread (profile_kernel times only until kernel() returns and the device is idle)"}
             if driver is not None:
                 driver.synchronize()
             stray = device.fetch(outputs) if device is not None else case.guards.stray_writes()
@@ -232,6 +238,7 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
                     "message": f"case {case.name!r} {case.sizes}: {type(exc).__name__}: {str(exc)[:600]}"
                                f"{impl.where(exc)}"}
         seconds = time.perf_counter() - t0
+        threads = threads or len(os.listdir("/proc/self/task"))
         progress.mark(f"end {index} {case.name}")
         for name in case.output_meta:
             out.array(outputs[name])

@@ -10,9 +10,10 @@ every input set in device memory, and times one call per sample:
 - **the sample**: a CUDA event, the call, a device-wide synchronisation of the worker's context (``cuCtxSynchronize``:
   work the kernel left on another stream counts, and a kernel that never finishes is a timeout), a second event.
   The claim is the events' interval, inside the window the trusted timekeeper stamped (targets/timing.py);
-- **after the sample**: any host thread the call left behind ends the measurement (``tampered``: work must be done
-  when ``kernel()`` returns), and the candidate's output is copied into host memory the coordinator reads from
-  outside the process (``process_vm_readv``), where every timed call is checked.
+- **after the sample**: any host thread the call left running (counted as the call returns and again after the
+  sample) ends the measurement (``tampered``: work must be done when ``kernel()`` returns), and the candidate's
+  output is copied into host memory the coordinator reads from outside the process (``process_vm_readv``), where
+  every timed call is checked.
 
 The baseline's worker (trusted code) also measures the device's roof once per profile, best of several probes:
 the copy bandwidth of a buffer far larger than L2 and torch's float32 matmul (TF32 off). A result past it is
@@ -162,7 +163,44 @@ def _serve(name: str, job: dict[str, Any], region: Region, timing: Channel, comm
     except Exception as exc:  # the implementation's own failure to load or run once
         _reply(replies, f"L {type(exc).__name__}: {str(exc)[:600]}{impl_where(job, name, exc)}")
         os._exit(0)
+    left = [0]
+
+    def sample(chosen: list[int], poisoned: bool) -> tuple[int, int]:
+        """One sample as the module's docstring says; (t0, the claimed end) by the monotonic clock."""
+        if poisoned:
+            pool.poison(len(chosen))
+        pool.flush()
+        torch.cuda.synchronize()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in chosen]
+        timing.begin(name)
+        t0 = time.monotonic_ns()
+        for j, (i, (start, end)) in enumerate(zip(chosen, events, strict=True)):
+            if j:
+                pool.flush()
+            start.record()
+            impl.call(pool.tensors(i, j), sets[i].sizes, sets[i].scalars)
+            left[0] = max(left[0], _threads())  # a thread the call started and that still runs: counted now
+            driver.synchronize()
+            end.record()
+            end.synchronize()
+        t1 = time.monotonic_ns()
+        claimed = min(t1, t0 + int(sum(start.elapsed_time(end) for start, end in events) * 1e6))
+        timing.mark(f"E {name} {len(chosen)} {t0} {claimed}")
+        if name == "candidate":
+            pool.copy_out(len(chosen))
+        return t0, claimed
+
+    try:
+        # Every path of a sample once before the threads are counted: what torch or the driver start lazily on
+        # their first copy, fill or event is theirs, not the kernel's (warm-up batches precede the timing
+        # stream's "M" and are not measured).
+        sample([0], True)
+        pool.copy_inputs_back()
+    except CudaFault as exc:
+        _reply(replies, f"C {exc}")
+        _idle()
     ready = _threads()
+    left[0] = 0
     roof_text = f" {roof['bandwidth_gbps']} {roof['fp32_gflops']} {roof['l2_bytes']}" if roof else ""
     _reply(replies, f"R {ready - before_load}{roof_text}")
     pid0 = os.getpid()
@@ -175,41 +213,27 @@ def _serve(name: str, job: dict[str, Any], region: Region, timing: Channel, comm
             continue
         if len(command) not in (2, 3) or command[0] != b"S" or command[2:] not in ([], [b"P"]):
             os._exit(0)
-        chosen = [int(i) for i in command[1].split(b",")]
-        if command[2:] == [b"P"]:
-            pool.poison(len(chosen))
-        pool.flush()
-        torch.cuda.synchronize()
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in chosen]
         try:
-            timing.begin(name)
-            t0 = time.monotonic_ns()
-            for j, (i, (start, end)) in enumerate(zip(chosen, events, strict=True)):
-                if j:
-                    pool.flush()
-                start.record()
-                impl.call(pool.tensors(i, j), sets[i].sizes, sets[i].scalars)
-                driver.synchronize()
-                end.record()
-                end.synchronize()
-            t1 = time.monotonic_ns()
+            t0, claimed = sample([int(i) for i in command[1].split(b",")], command[2:] == [b"P"])
         except CudaFault as exc:
             _reply(replies, f"C {exc}")
-            os._exit(0)
-        except Exception as exc:
+            _idle()
+        except Exception as exc:  # the kernel's own error on a timed call
             _reply(replies, f"C {type(exc).__name__}: {str(exc)[:600]}")
-            os._exit(0)
-        device_ns = int(sum(start.elapsed_time(end) for start, end in events) * 1e6)
-        claimed = min(t1, t0 + device_ns)
-        timing.mark(f"E {name} {len(chosen)} {t0} {claimed}")
+            _idle()
         if os.getpid() != pid0:
             os._exit(0)  # a kernel that forked returns twice: the copy vanishes, the coordinator sees the fork
-        if (now := _threads()) > ready:
+        if (now := max(_threads(), left[0])) > ready:
             _reply(replies, f"T {ready} {now}")
-            os._exit(0)
-        if name == "candidate":
-            pool.copy_out(len(chosen))
+            _idle()
         _reply(replies, f"D {t0} {claimed}")
+
+
+def _idle() -> None:
+    """After a fatal reply: wait to be ended (exiting at once could make the coordinator see a dead worker before it
+    read the reply). Never returns."""
+    while True:
+        signal.pause()
 
 
 def impl_where(job: dict[str, Any], name: str, exc: BaseException) -> str:

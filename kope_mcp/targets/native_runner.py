@@ -232,7 +232,7 @@ class NativeRunner:
                 run = run_sandboxed(
                     [runtime.executable, "-S", "-B", "-m", harness, scratch.inside(job_path)],
                     scratch=scratch,
-                    limits=self._limits(wall_s, gpu is not None),
+                    limits=self._limits(wall_s, gpu is not None, _result_bytes(task, cases)),
                     env=env,
                     pass_fds=tuple(fds.values()),
                     reaching=job["mode"] == "profile",  # the coordinator reads the stopped candidate's buffers
@@ -268,13 +268,17 @@ class NativeRunner:
                     timekeeper.kill()
                     timekeeper.wait()
 
-    def _limits(self, wall_s: float, gpu: bool) -> SandboxLimits:
+    def _limits(self, wall_s: float, gpu: bool, result_bytes: int) -> SandboxLimits:
         cpu = int(wall_s * (os.cpu_count() or 1)) + 5
+        # The result descriptor holds every case's (or checked set's) outputs: a GPU size's outputs outgrow the
+        # default file-size cap (two 128 MiB sets of vector_add), and a write past it fails with EFBIG.
+        files = max(SandboxLimits().max_file_bytes, result_bytes + _TRAILER_CAP + (1 << 20))
         if gpu:
             # The CUDA runtime reserves tens of GiB of address space at start: bound what it allocates instead.
             return SandboxLimits(wall_seconds=wall_s, cpu_seconds=cpu, address_space_bytes=None,
-                                 data_bytes=GPU_DATA_FACTOR * self.memory_limit_bytes)
-        return SandboxLimits(wall_seconds=wall_s, cpu_seconds=cpu, address_space_bytes=self.memory_limit_bytes)
+                                 data_bytes=GPU_DATA_FACTOR * self.memory_limit_bytes, max_file_bytes=files)
+        return SandboxLimits(wall_seconds=wall_s, cpu_seconds=cpu, address_space_bytes=self.memory_limit_bytes,
+                             max_file_bytes=files)
 
     @staticmethod
     def _corroborate(outcome: HarnessOutcome, stamps: str, order: list[str]) -> None:
@@ -381,6 +385,12 @@ def gpu_profile(runner: NativeRunner, task: Task, libraries: dict[str, Path], se
             if outcome.status == "ok":
                 outcome.status, outcome.message = "unverified", f"the harness's result is unusable: {exc}"
     return outcome
+
+
+def _result_bytes(task: Task, cases: list[PreparedCase]) -> int:
+    """The outputs of every case: the most a run's result descriptor must hold."""
+    return sum(int(np.prod(task.spec.shape_of(a, case.sizes))) * np.dtype(a.dtype).itemsize
+               for case in cases for a in task.outputs())
 
 
 def _args(task: Task) -> list[dict[str, Any]]:
