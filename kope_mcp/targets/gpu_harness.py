@@ -41,8 +41,8 @@ class CudaFault(Exception):
 class Driver:
     """The CUDA driver API (``libcuda``), for the device-wide synchronisation and the names of its errors."""
 
-    def __init__(self) -> None:
-        self.lib = ctypes.CDLL("libcuda.so.1")
+    def __init__(self, path: str = "libcuda.so.1") -> None:
+        self.lib = ctypes.CDLL(path)
 
     def describe(self, code: int) -> str:
         name, text = ctypes.c_char_p(), ctypes.c_char_p()
@@ -192,6 +192,10 @@ class DeviceCase:
         return stray
 
 
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
 def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel) -> dict[str, Any]:
     on_gpu = job.get("device") == "cuda"
     driver: Driver | None = None
@@ -207,7 +211,6 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
     sets = [InputSet(c, job["args"], folder) for c in job["cases"]]
     impl = Implementation(job.get("kind", "triton"), job["libraries"]["candidate"], job["args"])
     results = []
-    threads = 0  # the process's threads once the first case ran (torch, Triton and the driver start theirs lazily)
     for index, case in enumerate(sets):
         outputs = case.poisoned_outputs()
         progress.mark(f"start {index} {case.name}")
@@ -221,10 +224,12 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
             tensors = {n: torch.from_numpy(a) for n, a in [*case.inputs.items(), *outputs.items()]}
         t0 = time.perf_counter()
         try:
+            before = _threads()
             impl.call(tensors, case.sizes, case.scalars)
-            if threads and (running := len(os.listdir("/proc/self/task"))) > threads:
+            # Not on the first call: torch, Triton and the driver start threads of their own then.
+            if index and (running := _threads()) > before:
                 return {"fatal": "crash", "case": case.name,
-                        "message": f"case {case.name!r} {case.sizes}: kernel() returned with {running - threads} more "
+                        "message": f"case {case.name!r} {case.sizes}: kernel() returned with {running - before} more "
                                    "host thread(s) running than before: launch and finish the work in the calling "
                                    "thread (profile_kernel times only until kernel() returns and the device is idle)"}
             if driver is not None:
@@ -238,7 +243,6 @@ def run_test(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Cha
                     "message": f"case {case.name!r} {case.sizes}: {type(exc).__name__}: {str(exc)[:600]}"
                                f"{impl.where(exc)}"}
         seconds = time.perf_counter() - t0
-        threads = threads or len(os.listdir("/proc/self/task"))
         progress.mark(f"end {index} {case.name}")
         for name in case.output_meta:
             out.array(outputs[name])

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from kope_mcp.errors import NoDeviceError
+from kope_mcp.errors import DeviceUnavailableError, NoDeviceError
 from kope_mcp.services.workbench import Workbench
+from kope_mcp.targets.native_runner import HarnessOutcome
 from kope_mcp.targets.registry import load_targets, target_classes
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import make_settings
@@ -101,3 +102,50 @@ def test_a_target_inherits_the_verdict_every_set_judged_threads_measured_labels_
     assert profiled.suspect and any("given one" in r for r in profiled.suspect_reasons)
     # The same code as its baseline: its CI cannot lie wholly above 1.05, so it is never effective.
     assert bench.store.attempt(escaping.kernel_id).label != "effective"
+
+
+class _DeviceLostFake(FakeNumpyTarget):
+    """The fake, reporting what the GPU harness reports when the device cannot be brought up in the run."""
+
+    name = "fake-no-device"
+
+    def run_cases(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return HarnessOutcome(status="device_unavailable", message="RuntimeError: No CUDA GPUs are available")
+
+
+class _GpuRoofFake(FakeNumpyTarget):
+    """The fake, as a GPU target's profile reports it: the device's roof (measured in the profile) far below what
+    the kernel claims, and a slowdown NVML saw."""
+
+    name = "fake-gpu-roof"
+
+    def device_class(self) -> str:
+        return "gpu"
+
+    def profile(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        measured = super().profile(*args, **kwargs)
+        measured.outcome.result.update({"gpu_roof": {"bandwidth_gbps": 0.001, "fp32_gflops": 1e-6, "l2_bytes": 1},
+                                        "gpu_clocks": {"after": {"sm_mhz": 1980, "max_sm_mhz": 1980,
+                                                                 "slowdowns": ["hardware thermal slowdown"]}}})
+        return measured
+
+
+def test_a_device_the_run_cannot_bring_up_is_the_servers_error_and_not_recorded(tmp_path, registry):
+    settings = make_settings(tmp_path / "home")
+    bench = Workbench(settings, registry, targets=load_targets(settings, extra=[_DeviceLostFake]))
+    compiled = bench.compile_kernel("relu", NUMPY_BASELINES["relu"], backend="fake-no-device")
+    with pytest.raises(DeviceUnavailableError, match=r"^device_unavailable: run_tests could not use"):
+        bench.run_tests(compiled.kernel_id)
+    assert bench.store.attempt(compiled.kernel_id).test is None  # nothing blamed on the kernel
+
+
+def test_a_gpu_targets_result_is_judged_against_the_roof_it_measured_at_its_gpu_size(tmp_path, registry):
+    settings = make_settings(tmp_path / "home")
+    bench = Workbench(settings, registry, targets=load_targets(settings, extra=[_GpuRoofFake]))
+    compiled = bench.compile_kernel("relu", NUMPY_BASELINES["relu"] + "# mine\n", backend="fake-gpu-roof")
+    assert bench.run_tests(compiled.kernel_id).passed
+    profiled = bench.profile_kernel(compiled.kernel_id, time_reference=False)
+    assert profiled.failure is None and profiled.case.sizes == {"n": 1 << 25}  # relu's GPU size, not its CPU one
+    assert profiled.suspect and any("float32 matmul rate" in r for r in profiled.suspect_reasons)
+    assert any("copies" in r for r in profiled.suspect_reasons)
+    assert any("hardware thermal slowdown" in w for w in profiled.warnings)
