@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import mmap
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +176,25 @@ class Worker:
             self.status = -signal.SIGKILL
 
 
+def fork_worker(name: str, others: dict[str, Worker], private: tuple[int | None, ...],
+                serve: Callable[[int, int], None]) -> Worker:
+    """Fork the worker ``name``: in the child, close what only the coordinator may hold (``private``, the other
+    workers' pipes) and ``serve(commands, replies)``, which never returns."""
+    cmd_r, cmd_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        for fd in (*private, cmd_w, rep_r, *(w.commands for w in others.values()),
+                   *(w.replies.fileno() for w in others.values())):
+            if fd is not None:
+                os.close(fd)
+        serve(cmd_r, rep_w)
+        os._exit(0)
+    os.close(cmd_r)
+    os.close(rep_w)
+    return Worker(name, pid, cmd_w, rep_r)
+
+
 class WorkerDied(Exception):
     def __init__(self, worker: Worker) -> None:
         super().__init__(worker.name)
@@ -283,18 +304,8 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     candidate_omp: int | None = None
     for name in names:
         region = Region(sets, buffers) if name != "reference" else None
-        cmd_r, cmd_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            for fd in (out.fd, progress.fd, cmd_w, rep_r, *(w.commands for w in workers.values()),
-                       *(w.replies.fileno() for w in workers.values())):
-                if fd is not None:
-                    os.close(fd)
-            _serve(name, job, region, sets, timing, cmd_r, rep_w)
-        os.close(cmd_r)
-        os.close(rep_w)
-        workers[name] = Worker(name, pid, cmd_w, rep_r)
+        workers[name] = fork_worker(name, workers, (out.fd, progress.fd),
+                                    functools.partial(_serve, name, job, region, sets, timing))
         if region is not None:
             regions[name] = region
         try:

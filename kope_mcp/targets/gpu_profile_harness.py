@@ -23,6 +23,7 @@ suspect (services/verdicts.py). NVML's clocks and slowdowns are read around the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -45,6 +46,7 @@ from kope_mcp.runtime.harness_profile import (
     _dumpable,
     _end,
     _other_processes,
+    fork_worker,
 )
 from kope_mcp.runtime.measurement import Consistency, Schedule, measure
 from kope_mcp.targets.gpu_harness import CudaFault, DeviceUnavailable, Implementation, start_device
@@ -268,19 +270,9 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     regions: dict[str, Region] = {}
     ready: dict[str, list[str]] = {}
     for name in names:
-        region = Region(sets, 1)
-        cmd_r, cmd_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            for fd in (out.fd, progress.fd, cmd_w, rep_r, *(w.commands for w in workers.values()),
-                       *(w.replies.fileno() for w in workers.values())):
-                if fd is not None:
-                    os.close(fd)
-            _serve(name, job, region, timing, cmd_r, rep_w)
-        os.close(cmd_r)
-        os.close(rep_w)
-        workers[name], regions[name] = Worker(name, pid, cmd_w, rep_r), region
+        regions[name] = region = Region(sets, 1)
+        workers[name] = fork_worker(name, workers, (out.fd, progress.fd),
+                                    functools.partial(_serve, name, job, region, timing))
         try:
             ready[name] = workers[name].answer()
         except WorkerDied:

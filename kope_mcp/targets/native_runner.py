@@ -353,16 +353,7 @@ class NativeRunner:
             env["OMP_WAIT_POLICY"] = "passive"
         outcome, raw = self._run(job, sets, task, wall_s, env, libraries, timing_cpu=timing_cpu,
                                  harness="kope_mcp.runtime.harness_profile")
-        # Timings that could not be corroborated still come with the outputs the coordinator read back: a wrong
-        # kernel is then reported as wrong (see verdicts.profile_failure).
-        if outcome.status == "ok" or (outcome.status == "unverified" and raw):
-            try:
-                checked = [sets[i] for i in checked_sets(outcome.result, len(sets))]
-                outcome.outputs = _unpack_outputs(raw, task, checked, len(checked))
-            except TrailerError as exc:
-                if outcome.status == "ok":
-                    outcome.status, outcome.message = "unverified", f"the harness's result is unusable: {exc}"
-        return outcome
+        return _with_checked_outputs(outcome, raw, task, sets)
 
 
 def gpu_profile(runner: NativeRunner, task: Task, libraries: dict[str, Path], sets: list[PreparedCase], *,
@@ -377,6 +368,13 @@ def gpu_profile(runner: NativeRunner, task: Task, libraries: dict[str, Path], se
     }
     outcome, raw = runner._run(job, sets, task, wall_s, {"OMP_NUM_THREADS": "1", **env}, libraries,
                                harness="kope_mcp.targets.gpu_profile_harness", gpu=gpu)
+    return _with_checked_outputs(outcome, raw, task, sets)
+
+
+def _with_checked_outputs(outcome: HarnessOutcome, raw: bytes, task: Task, sets: list[PreparedCase]) -> HarnessOutcome:
+    """A profile's outcome with the outputs of the sets it checked. Timings that could not be corroborated still
+    come with the outputs the coordinator read back: a wrong kernel is then reported as wrong
+    (verdicts.profile_failure)."""
     if outcome.status == "ok" or (outcome.status == "unverified" and raw):
         try:
             checked = [sets[i] for i in checked_sets(outcome.result, len(sets))]
