@@ -6,6 +6,8 @@ protocol, the thread and fork checks, the coordinator's reads of the candidate's
     python -m tests.fake_cuda JOB.json     JOB: {"candidate": source, "baseline": source, "sets": N, "n": size}
 
 prints the coordinator's result as JSON, with ``anchors_poisoned``: how many checked sets came back unwritten.
+With ``"mode": "test"`` it runs run_tests' GPU path (targets/gpu_harness.py, device buffers between guard zones)
+on ``sizes`` (a list of n) instead, and prints its result.
 """
 
 from __future__ import annotations
@@ -71,11 +73,27 @@ def stand_in() -> None:
     harness.measure_roof = lambda torch, pool: {"bandwidth_gbps": 100.0, "fp32_gflops": 50.0, "l2_bytes": 1 << 20}
 
 
+def run_tests(spec: dict[str, Any], folder: Path) -> dict[str, Any]:
+    task = TaskRegistry.default().get("vector_add")
+    rng = np.random.default_rng(0)
+    cases = [PreparedCase(f"n{n}", {"n": n}, {"a": rng.random(n, dtype=np.float32),
+                                              "b": rng.random(n, dtype=np.float32)}) for n in spec["sizes"]]
+    (folder / "candidate.py").write_text(spec["candidate"])
+    job = {"mode": "test", "kind": "triton", "device": "cuda",
+           "args": [{"name": a.name, "kind": a.kind, "dtype": a.dtype} for a in task.spec.args],
+           "cases": _write_cases(task, cases, folder), "libraries": {"candidate": str(folder / "candidate.py")}}
+    out = ResultWriter(os.memfd_create("result"))
+    return gpu_harness.run_test(job, folder, out, Channel(None))
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[1]).read_text())
     stand_in()
-    task = TaskRegistry.default().get("vector_add")
     folder = Path(tempfile.mkdtemp(prefix="kope-fake-cuda-"))
+    if spec.get("mode") == "test":
+        print(json.dumps(run_tests(spec, folder), default=str))
+        return 0
+    task = TaskRegistry.default().get("vector_add")
     rng = np.random.default_rng(0)
     n = int(spec.get("n", 4096))
     sets = [PreparedCase(f"p#{i}", {"n": n}, {"a": rng.random(n, dtype=np.float32),

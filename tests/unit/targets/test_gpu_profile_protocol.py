@@ -76,3 +76,30 @@ def test_a_kernel_that_raises_on_a_timed_call_is_its_crash(tmp_path):
                                "        raise RuntimeError('CUDA error: an illegal memory access')\n"
                                "    torch.add(a, b, out=out)\n")
     assert result.get("fatal") == "crash" and "illegal memory access" in result["message"], result
+
+
+def run_tests(tmp_path: Path, candidate: str, sizes: list[int]) -> dict[str, Any]:
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"mode": "test", "candidate": candidate, "sizes": sizes}))
+    done = subprocess.run([sys.executable, "-m", "tests.fake_cuda", str(job)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_run_tests_on_the_device_path_reports_each_case_with_its_guard_zones(tmp_path):
+    result = run_tests(tmp_path, HONEST, [1, 7, 4099])
+    assert [c["name"] for c in result["cases"]] == ["n1", "n7", "n4099"]
+    assert all(c["out_of_bounds"] == [] and c["inputs_modified"] == [] for c in result["cases"])
+    # One element past the end, through a view of the allocation the output lives in (an unmasked tail).
+    past_the_end = run_tests(tmp_path, "import torch\n\ndef kernel(a, b, out, n):\n    torch.add(a, b, out=out)\n"
+                                       "    out.new_empty(0).set_(out.untyped_storage(), out.storage_offset(), "
+                                       "(n + 1,))[n] = 1.0\n", [5])
+    assert past_the_end["cases"][0]["out_of_bounds"] == ["out after its end"], past_the_end
+
+
+def test_run_tests_on_the_device_path_fails_a_kernel_that_leaves_a_thread_running(tmp_path):
+    lazy = ("import threading, time, torch\n\ndef kernel(a, b, out, n):\n    torch.add(a, b, out=out)\n"
+            "    threading.Thread(target=time.sleep, args=(0.5,), daemon=True).start()\n")
+    result = run_tests(tmp_path, lazy, [3, 5])
+    assert result.get("fatal") == "crash" and result["case"] == "n5" and "host thread" in result["message"], result
