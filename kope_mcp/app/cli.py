@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     tasks.add_argument("--replace", action="store_true", help="replace an installed task of that id")
     tasks.add_argument("--family", help="only this family")
     sub.add_parser("doctor", help="what this machine offers: compilers, OpenMP, ISA, caches, sandbox")
-    sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
+    demo = sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
+    demo.add_argument("--backend", choices=["c", "triton", "cuda"], default="c",
+                      help="c (this CPU, any machine) or, on a machine with an NVIDIA GPU, triton or cuda")
     add_bench_parser(sub)
     memory = sub.add_parser("memory", help="inspect and move the experience memory under KOPE_HOME")
     memory.add_argument("action", choices=["stats", "show", "export", "import", "recover"],
@@ -104,7 +106,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return run_bench_command(args)
     if args.command == "doctor":
         return _doctor()
-    return _demo()
+    return _demo(args.backend)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -446,7 +448,7 @@ def _doctor() -> int:
     return 0
 
 
-def _demo() -> int:
+def _demo(backend: str) -> int:
     from kope_mcp.app.demo import run_demo
 
-    return run_demo()
+    return run_demo(backend)

@@ -11,14 +11,45 @@ import os
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from typing import Any
 
 
-def run_demo() -> int:
+@dataclass(frozen=True)
+class Plan:
+    """What the demo submits on one backend: a broken optimisation, then its fix, and what it records."""
+
+    backend: str
+    broken: str
+    fast: str
+    flags: list[str]
+    strategy: str
+    lesson: str
+    rationale: str
+    advice_task: str
+    advice_query: str
+
+
+def plan_for(backend: str) -> Plan:
+    from kope_mcp.app import demo_sources as src
+
+    if backend == "c":
+        return Plan("c", src.BROKEN_FAST_KERNEL, src.FAST_KERNEL, src.FAST_FLAGS, src.FAST_STRATEGY,
+                    "i-k-j order makes the inner loop contiguous, so -O3 vectorises it",
+                    "the naive i-j-k loop reads B by columns", "gemv", "make the matrix-vector product faster")
+    broken, fast = ((src.TRITON_BROKEN_TILED_MATMUL, src.TRITON_TILED_MATMUL) if backend == "triton" else
+                    (src.CUDA_BROKEN_TILED_MATMUL, src.CUDA_TILED_MATMUL))
+    return Plan(backend, broken, fast, [], src.GPU_STRATEGIES[backend],
+                "tiles reused from fast memory cut the loads per product; keep float32 (tl.dot ieee), TF32 fails",
+                "the naive kernel loads a row of A and a column of B from global memory for every output",
+                "matmul_bt", "make the matrix multiply faster on the GPU")
+
+
+def run_demo(backend: str = "c") -> int:
     import anyio
 
     try:
-        return anyio.run(_demo_session)
+        return anyio.run(_demo_session, plan_for(backend))
     except (SystemExit, Exception, BaseExceptionGroup) as exc:  # the demo's last word, not a 60-line traceback
         print(_demo_failure(exc), file=sys.stderr)
         _say_daemon_left(sys.stderr)
@@ -47,10 +78,10 @@ def _say_daemon_left(stream: Any) -> None:
               "stops it now.", file=stream)
 
 
-async def _demo_session() -> int:
+async def _demo_session(plan: Plan) -> int:
     from mcp import Client, StdioServerParameters
 
-    from kope_mcp.app.demo_sources import BROKEN_FAST_KERNEL, DEMO_TASK, FAST_FLAGS, FAST_KERNEL, FAST_STRATEGY
+    from kope_mcp.app.demo_sources import DEMO_TASK
 
     started = time.monotonic()
     params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve", "--log-level", "WARNING"],
@@ -77,9 +108,18 @@ async def _demo_session() -> int:
         step(f"list_tasks: {listing['count']} tasks")
         task = await call("get_task", task_id=DEMO_TASK)
         step(f"get_task {DEMO_TASK}: {task['prototype']}")
+        baseline = task["baseline_source"]
+        if plan.backend != "c":
+            target = next(t for t in task["targets"] if t["backend"] == plan.backend)
+            if not target["available"].split(" (", 1)[0].endswith("profile"):
+                raise SystemExit(f"demo: the {plan.backend} backend cannot time kernels on this server: "
+                                 f"{target['available']}. `kope demo` (the c backend) runs on any machine; "
+                                 "`kope doctor` says what this one has")
+            baseline = target["baseline_source"]
+        backend = {"backend": plan.backend}
 
-        base = await call("compile_kernel", task_id=DEMO_TASK, source=task["baseline_source"],
-                          strategy="naive baseline (i-j-k)")
+        base = await call("compile_kernel", task_id=DEMO_TASK, source=baseline, strategy="naive baseline",
+                          **backend)
         session = base["session_id"]
         step(f"compile naive kernel -> {base['kernel_id']} ok={base['ok']} ({base['seconds']:.2f} s)")
         tested = await call("run_tests", kernel_id=base["kernel_id"])
@@ -88,13 +128,13 @@ async def _demo_session() -> int:
         step(f"profile naive: median {base_prof['kernel']['median_s'] * 1e3:.2f} ms, "
              f"{base_prof['speedup_vs_baseline']:.2f}x vs baseline")
 
-        broken = await call("compile_kernel", task_id=DEMO_TASK, source=BROKEN_FAST_KERNEL, session_id=session,
-                            parent_id=base["kernel_id"], strategy=FAST_STRATEGY, flags=FAST_FLAGS)
+        broken = await call("compile_kernel", task_id=DEMO_TASK, source=plan.broken, session_id=session,
+                            parent_id=base["kernel_id"], strategy=plan.strategy, flags=plan.flags, **backend)
         first_error = next((d for d in broken["diagnostics"] if d["severity"] == "error"), None)
         where = f"line {first_error['line']}: {first_error['message']}" if first_error else "no diagnostic"
         step(f"compile optimised kernel -> ok={broken['ok']}, {where}")
-        fixed = await call("compile_kernel", task_id=DEMO_TASK, source=FAST_KERNEL, session_id=session,
-                           parent_id=base["kernel_id"], strategy=FAST_STRATEGY, flags=FAST_FLAGS)
+        fixed = await call("compile_kernel", task_id=DEMO_TASK, source=plan.fast, session_id=session,
+                           parent_id=base["kernel_id"], strategy=plan.strategy, flags=plan.flags, **backend)
         step(f"compile fixed kernel -> {fixed['kernel_id']} ok={fixed['ok']}")
         fixed_test = await call("run_tests", kernel_id=fixed["kernel_id"])
         step(f"run_tests: passed={fixed_test['passed']} ({fixed_test['message']})")
@@ -113,15 +153,14 @@ async def _demo_session() -> int:
         if fast["noisy"] or fast["suspect"]:
             step("a noisy or suspect verdict is kept with its reason but never taught: the win below will not appear "
                  "under 'What worked here' (run `kope demo` again when the machine is quieter)")
-        recorded = await call("record_experience", kernel_id=fixed["kernel_id"], strategy=FAST_STRATEGY,
-                              lesson="i-k-j order makes the inner loop contiguous, so -O3 vectorises it",
-                              rationale="the naive i-j-k loop reads B by columns")
+        recorded = await call("record_experience", kernel_id=fixed["kernel_id"], strategy=plan.strategy,
+                              lesson=plan.lesson, rationale=plan.rationale)
         step(f"record_experience -> {recorded['experience_id']} ({recorded['label']}, "
              f"verified={recorded['verified']})")
-        advice = await call("query_experience", query="make the matrix-vector product faster", task_id="gemv",
+        advice = await call("query_experience", query=plan.advice_query, task_id=plan.advice_task,
                             token_budget=400)
-        step(f"query_experience for gemv: {len(advice['items'])} items, {advice['tokens_used']} tokens "
-             f"of {advice['token_budget']}")
+        step(f"query_experience for {plan.advice_task}: {len(advice['items'])} items, {advice['tokens_used']} "
+             f"tokens of {advice['token_budget']}")
 
     lo, hi = fast["speedup_vs_baseline_ci95"]
 
@@ -131,14 +170,17 @@ async def _demo_session() -> int:
     print(f"\nSummary ({DEMO_TASK}, {fast['case']['sizes']}, on {fast['hardware']['key']})")
     print(f"  naive kernel      {timing(base_prof['kernel'])}")
     print(f"  optimised kernel  {timing(fast['kernel'])}, {fast['gflops']:.2f} GFLOP/s")
-    print(f"  numpy reference   {timing(fast['reference'])}")
+    if fast.get("reference"):  # not timed on a GPU: a host reference says nothing about the device
+        print(f"  numpy reference   {timing(fast['reference'])}")
     print(f"  speedup vs naive baseline: {fast['speedup_vs_baseline']:.2f}x (95% CI {lo:.2f}-{hi:.2f}), "
           "measured interleaved in one sandbox, each in its own process")
-    print(f"  speedup vs numpy reference: {fast['speedup_vs_reference']:.2f}x")
-    print(f"  strategy: {FAST_STRATEGY}")
+    if fast.get("speedup_vs_reference"):
+        print(f"  speedup vs numpy reference: {fast['speedup_vs_reference']:.2f}x")
+    print(f"  strategy: {plan.strategy}")
     for warning in fast["warnings"]:
         print(f"  warning: {warning}")
-    print("\nWhat the memory now offers an agent starting on gemv (query_experience, 400-token budget):")
+    print(f"\nWhat the memory now offers an agent starting on {plan.advice_task} (query_experience, 400-token "
+          "budget):")
     print(textwrap.indent(advice["context"], "  "))
     print(f"\nDone in {time.monotonic() - started:.1f} s; data kept under {os.environ.get('KOPE_HOME', '~/.kope')}.")
     _say_daemon_left(sys.stdout)

@@ -9,34 +9,13 @@ import anyio
 import pytest
 from mcp import Client
 
+from kope_mcp.app.demo_sources import CUDA_TILED_MATMUL
 from kope_mcp.app.server import build_server
 from kope_mcp.settings import KopeSettings
 from tests.conftest import make_settings
 from tests.e2e.test_gpu_targets_over_mcp import call, error_of
 
 pytestmark = pytest.mark.gpu
-
-TILED_CUDA = r'''
-#include <stdint.h>
-#define TILE 32
-__global__ void tiled(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K) {
-    __shared__ float As[TILE][TILE], Bs[TILE][TILE];
-    int64_t row = blockIdx.y * TILE + threadIdx.y, col = blockIdx.x * TILE + threadIdx.x;
-    float acc = 0.0f;
-    for (int64_t k0 = 0; k0 < K; k0 += TILE) {
-        As[threadIdx.y][threadIdx.x] = (row < M && k0 + threadIdx.x < K) ? A[row * K + k0 + threadIdx.x] : 0.0f;
-        Bs[threadIdx.y][threadIdx.x] = (col < N && k0 + threadIdx.y < K) ? B[(k0 + threadIdx.y) * N + col] : 0.0f;
-        __syncthreads();
-        for (int k = 0; k < TILE; k++) acc += As[threadIdx.y][k] * Bs[k][threadIdx.x];
-        __syncthreads();
-    }
-    if (row < M && col < N) C[row * N + col] = acc;
-}
-extern "C" void kernel(const float *A, const float *B, float *C, int64_t M, int64_t N, int64_t K) {
-    dim3 t(TILE, TILE), b((unsigned)((N + TILE - 1) / TILE), (unsigned)((M + TILE - 1) / TILE));
-    tiled<<<b, t>>>(A, B, C, M, N, K);
-}
-'''
 
 WILD_STORE = r'''
 #include <stdint.h>
@@ -88,7 +67,7 @@ def test_the_triton_baseline_runs_and_is_timed_on_the_gpu_at_its_gpu_size(server
 def test_a_tiled_cuda_matmul_is_measured_effective_against_the_naive_one(server):
     async def body():
         async with Client(server) as client:
-            kernel_id = await compiled(client, "matmul", TILED_CUDA, "cuda")
+            kernel_id = await compiled(client, "matmul", CUDA_TILED_MATMUL, "cuda")
             tested = await call(client, "run_tests", kernel_id=kernel_id)
             assert tested["passed"], tested["message"]
             profiled = await call(client, "profile_kernel", kernel_id=kernel_id)
@@ -135,3 +114,21 @@ def test_a_gpu_the_run_cannot_have_is_the_servers_error_not_the_kernels(tmp_path
             refused = await error_of(client, "run_tests", kernel_id=kernel_id)
             assert refused.startswith("device_unavailable:") and "/dev/nvidia63" in refused
     anyio.run(body)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_the_gpu_demo_teaches_a_win(tmp_path, backend):
+    import os
+    import subprocess
+    import sys
+
+    from kope_mcp.app import daemon
+
+    env = {**os.environ, "KOPE_HOME": str(tmp_path / "home"), "KOPE_EMBEDDINGS": "off"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "kope_mcp", "demo", "--backend", backend], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        daemon.stop(tmp_path / "home")
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert "speedup vs naive baseline" in done.stdout and "cuda/" in done.stdout

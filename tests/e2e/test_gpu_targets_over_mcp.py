@@ -168,3 +168,20 @@ def test_cuda_compiles_with_real_diagnostics_and_says_no_device_for_running(serv
                                   flags=["-Xcompiler=-fplugin=evil.so"])
             assert flag.startswith("refused_flag:")
     anyio.run(body)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_the_gpu_demos_broken_kernel_fails_at_its_line_and_its_fix_compiles(server, backend):
+    from kope_mcp.app.demo import plan_for
+
+    if (triton_version() if backend == "triton" else nvcc_version()) is None:
+        pytest.skip(f"no {backend} toolchain here")
+    plan = plan_for(backend)
+
+    async def body():
+        async with Client(server) as client:
+            broken = await call(client, "compile_kernel", task_id="matmul", source=plan.broken, backend=backend)
+            assert not broken["ok"] and any(d["line"] > 0 and d["severity"] == "error" for d in broken["diagnostics"])
+            fixed = await call(client, "compile_kernel", task_id="matmul", source=plan.fast, backend=backend)
+            assert fixed["ok"], fixed["log"]
+    anyio.run(body)

@@ -167,3 +167,23 @@ def test_memory_stats_without_a_server_says_why_semantic_search_is_off(tmp_path,
     monkeypatch.delenv("KOPE_EMBEDDINGS", raising=False)
     assert main(["memory", "stats"]) == 0
     assert json.loads(capsys.readouterr().out)["semantic_search"].startswith("not loaded by `kope memory`")
+
+
+@pytest.mark.slow
+def test_a_gpu_demo_without_a_gpu_says_so_in_one_line(tmp_path):
+    import os
+
+    from kope_mcp.app import daemon
+    from kope_mcp.targets.gpu import detect_gpu
+
+    if detect_gpu() is not None:
+        pytest.skip("this machine has a GPU: the demo runs there (tests/e2e/test_gpu_on_device.py)")
+    env = {**os.environ, "KOPE_HOME": str(tmp_path / "home"), "KOPE_EMBEDDINGS": "off"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "kope_mcp", "demo", "--backend", "cuda"], env=env,
+                              capture_output=True, text=True, timeout=180, check=False)
+    finally:
+        daemon.stop(tmp_path / "home")
+    assert done.returncode == 1
+    assert "demo: the cuda backend cannot time kernels on this server:" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
