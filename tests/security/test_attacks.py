@@ -332,6 +332,14 @@ static void *burn(void *arg) {
 """
     kernel_id, report = compile_and_test(workbench, attack_kernel(body=body, extra=extra))
     assert report.passed, report.message
-    profile = workbench.profile_kernel(kernel_id, time_reference=False)
-    assert profile.failure is None, profile.message
-    assert profile.speedup_vs_baseline is not None and profile.speedup_vs_baseline < 1.3, profile
+    # The forgery was a steady 1.7x; one profile on a busy machine read 1.43x once (as the ordinary user, session
+    # 20, not reproduced in 7 runs beside two CPU burners): noise is told from a forgery by measuring again.
+    speedups = []
+    for _ in range(3):
+        profile = workbench.profile_kernel(kernel_id, time_reference=False)
+        assert profile.failure is None, profile.message
+        assert profile.speedup_vs_baseline is not None
+        speedups.append(profile.speedup_vs_baseline)
+        if profile.speedup_vs_baseline < 1.3:
+            break
+    assert min(speedups) < 1.3, speedups
