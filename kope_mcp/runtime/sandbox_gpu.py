@@ -23,7 +23,6 @@ memory bound is ``RLIMIT_DATA`` (what it allocates on the host) instead of ``RLI
 
 from __future__ import annotations
 
-import functools
 import os
 import stat
 import subprocess
@@ -137,10 +136,16 @@ def gpu_binding(index: int, *, per_run_uid: bool, dev: Path = Path("/dev"), list
     return GpuBinding(index, tuple(str(n) for n in nodes), libraries, unlisted)
 
 
-@functools.cache
+_bound: dict[tuple[int, bool], GpuBinding] = {}
+
+
 def assigned_gpu(index: int, per_run_uid: bool) -> GpuBinding | str:
-    """This machine's binding for GPU ``index`` (cached per process), or why there is none."""
-    try:
-        return gpu_binding(index, per_run_uid=per_run_uid)
-    except GpuNodesUnavailable as exc:
-        return str(exc)
+    """This machine's binding for GPU ``index``, or why there is none. A binding found is kept for the process; a
+    failure is not (``nvidia-uvm`` appears once the driver loads it, and the next run should find it)."""
+    found = _bound.get((index, per_run_uid))
+    if found is None:
+        try:
+            found = _bound[(index, per_run_uid)] = gpu_binding(index, per_run_uid=per_run_uid)
+        except GpuNodesUnavailable as exc:
+            return str(exc)
+    return found

@@ -40,18 +40,23 @@ class ProfileInputs:
     reference_seconds: float
 
 
-def set_bytes(task: Task, inputs: dict[str, np.ndarray], sizes: dict[str, int] | None = None) -> int:
-    sizes = task.spec.profile.sizes if sizes is None else sizes
+def set_bytes(task: Task, inputs: dict[str, np.ndarray], sizes: dict[str, int]) -> int:
     outputs = sum(int(np.prod(task.spec.shape_of(a, sizes))) * np.dtype(a.dtype).itemsize for a in task.outputs())
     return sum(a.nbytes for a in inputs.values()) + outputs
 
 
+def pool_rule(device_class: str) -> PoolRule:
+    """How many sets a profile on this device class may draw: by memory, and by the reference's time."""
+    if device_class == "gpu":
+        return PoolRule(MIN_SETS, MAX_SETS, GPU_POOL_BYTES, GPU_REFERENCE_BUDGET_S)
+    return PoolRule(MIN_SETS, MAX_SETS, POOL_BYTES, REFERENCE_BUDGET_S)
+
+
 def pool_size(one_set_bytes: int, reference_s: float, device_class: str = "cpu") -> int:
-    pool_bytes, budget = (GPU_POOL_BYTES, GPU_REFERENCE_BUDGET_S) if device_class == "gpu" else \
-        (POOL_BYTES, REFERENCE_BUDGET_S)
-    by_memory = pool_bytes // max(1, one_set_bytes)
-    by_time = int(budget / max(reference_s, 1e-6))
-    return max(MIN_SETS, min(MAX_SETS, by_memory, by_time))
+    rule = pool_rule(device_class)
+    by_memory = rule.pool_bytes // max(1, one_set_bytes)
+    by_time = int(rule.time_budget_s / max(reference_s, 1e-6))
+    return max(rule.min, min(rule.max, by_memory, by_time))
 
 
 def draw_profile_inputs(task: Task, references: ReferenceRunner, device_class: str = "cpu") -> ProfileInputs:
@@ -60,9 +65,7 @@ def draw_profile_inputs(task: Task, references: ReferenceRunner, device_class: s
     seed = secrets.randbits(63)
     start = time.perf_counter()
     if not task.trusted:  # the task's own code: the sandbox draws the pool by the same rule
-        rule = PoolRule(MIN_SETS, MAX_SETS, *((GPU_POOL_BYTES, GPU_REFERENCE_BUDGET_S) if device_class == "gpu"
-                                              else (POOL_BYTES, REFERENCE_BUDGET_S)))
-        made = references.pool(task, profile, seed, rule)
+        made = references.pool(task, profile, seed, pool_rule(device_class))
         return ProfileInputs([PreparedCase(f"{profile.name}#{i}", profile.sizes, data.inputs)
                               for i, data in enumerate(made)], [data.expected for data in made],
                              time.perf_counter() - start)

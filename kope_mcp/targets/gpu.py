@@ -16,7 +16,7 @@ from kope_mcp.runtime.sandbox import capabilities
 from kope_mcp.runtime.sandbox_gpu import GpuBinding, assigned_gpu
 from kope_mcp.targets.base import CompileOptions, Measurement, Target
 from kope_mcp.targets.builds import BuildCache
-from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase, gpu_profile
+from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase
 
 if TYPE_CHECKING:
     from kope_mcp.settings import KopeSettings
@@ -143,9 +143,18 @@ class GpuTarget(Target):
 
     def run_on_gpu(self, task: Task, build_hash: str, cases: list[PreparedCase], *, wall_s: float) -> HarnessOutcome:
         # Importing torch and bringing up the device take seconds before the first case.
-        return self.runner.run_tests(task, self.cache.artifact(build_hash), cases, wall_s * 2 + 30, openmp=False,
-                                     harness="kope_mcp.targets.gpu_harness", env=self.harness_env(),
-                                     job_extra={"device": "cuda", "kind": self.kind}, gpu=self.binding())
+        outcome = self.runner.run_tests(task, self.cache.artifact(build_hash), cases, wall_s * 2 + 30, openmp=False,
+                                        harness="kope_mcp.targets.gpu_harness", env=self.harness_env(),
+                                        job_extra={"device": "cuda", "kind": self.kind}, gpu=self.binding())
+        if outcome.status == "device_unavailable":
+            # The report comes from the process the kernel ran in, which could write it to have nothing recorded:
+            # believed only when the device fails a fresh sandbox of its own too.
+            works, seen = check_device_in_sandbox(self.settings)
+            if works:
+                outcome.status = "crash"
+                outcome.message = (f"the run reported the GPU unavailable ({outcome.message[:300]}), but it "
+                                   f"initialises in a fresh sandbox ({seen}): the kernel's process ended that way")
+        return outcome
 
     def profile(self, task: Task, build_hash: str, sets: list[PreparedCase], *, with_reference: bool,
                 time_cap_s: float, consistency: tuple[float, float], wall_s: float) -> Measurement:
@@ -161,9 +170,9 @@ class GpuTarget(Target):
             raise RuntimeError(f"the {self.name} baseline of task {task.id} does not compile: {built.log}")
         libraries = {"candidate": self.cache.artifact(build_hash), "baseline": self.cache.artifact(built.build_hash)}
         # Each worker imports torch and brings up its own context (seconds) before the measurement starts.
-        outcome = gpu_profile(self.runner, task, libraries, sets, kind=self.kind, gpu=self.binding(),
-                              time_cap_s=time_cap_s, wall_s=wall_s + 60, consistency=consistency,
-                              env=self.harness_env())
+        outcome = self.runner.profile_gpu(task, libraries, sets, kind=self.kind, gpu=self.binding(),
+                                          time_cap_s=time_cap_s, wall_s=wall_s + 60, consistency=consistency,
+                                          env=self.harness_env())
         return Measurement(outcome=outcome, baseline_key="baseline", threads=1, cpus_given=1)
 
     def hardware(self) -> HardwareProfile:

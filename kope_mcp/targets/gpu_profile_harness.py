@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from kope_mcp.runtime import sandbox_seccomp
 from kope_mcp.runtime.harness import POISON_BITS, POISON_BITS_64, Channel, InputSet, ResultWriter, main
@@ -142,14 +142,16 @@ def _serve(name: str, job: dict[str, Any], region: Region, timing: Channel, comm
     returns."""
     _dumpable(name == "candidate")
     sandbox_seccomp.confine_to_self(bytes.fromhex(job["worker_filter"]) if job.get("worker_filter") else None)
+    # After a failure reply the worker waits to be ended (_idle): one that exited at once could be seen dead by the
+    # coordinator before its reply was read, and a device the server could not bring up would read as a crash.
     try:
         torch, driver = start_device()
-    except DeviceUnavailable as exc:
-        _reply(replies, f"U {exc}")
-        os._exit(0)
-    region.fill_inputs()
-    pool = DevicePool(torch, region)
-    roof = measure_roof(torch, pool) if name == "baseline" else None
+        region.fill_inputs()
+        pool = DevicePool(torch, region)
+        roof = measure_roof(torch, pool) if name == "baseline" else None
+    except Exception as exc:  # before any kernel code: the device (or the server's pool on it) is at fault
+        _reply(replies, f"U {exc if isinstance(exc, DeviceUnavailable) else f'{type(exc).__name__}: {exc}'}")
+        _idle()
     before_load = _threads()
     sets = region.sets
     try:
@@ -161,14 +163,15 @@ def _serve(name: str, job: dict[str, Any], region: Region, timing: Channel, comm
             driver.synchronize()
     except CudaFault as exc:
         _reply(replies, f"C {exc}")
-        os._exit(0)
+        _idle()
     except Exception as exc:  # the implementation's own failure to load or run once
         _reply(replies, f"L {type(exc).__name__}: {str(exc)[:600]}{impl_where(job, name, exc)}")
-        os._exit(0)
-    left = [0]
+        _idle()
+    left = 0  # threads the calls of the current sample left running as they returned
 
     def sample(chosen: list[int], poisoned: bool) -> tuple[int, int]:
         """One sample as the module's docstring says; (t0, the claimed end) by the monotonic clock."""
+        nonlocal left
         if poisoned:
             pool.poison(len(chosen))
         pool.flush()
@@ -183,7 +186,7 @@ def _serve(name: str, job: dict[str, Any], region: Region, timing: Channel, comm
             start.record()
             impl.call(pool.tensors(i, j), sets[i].sizes, sets[i].scalars)
             # A thread the call started and that still runs as it returns (a lazy launch, a helper): counted now.
-            left[0] = max(left[0], _threads() - before)
+            left = max(left, _threads() - before)
             driver.synchronize()
             end.record()
             end.synchronize()
@@ -202,8 +205,8 @@ def _serve(name: str, job: dict[str, Any], region: Region, timing: Channel, comm
         # stream's "M" and are not measured).
         sample([0], True)
         pool.copy_inputs_back()
-    except CudaFault as exc:
-        _reply(replies, f"C {exc}")
+    except Exception as exc:  # the kernel's own fault on a third call
+        _reply(replies, f"C {exc if isinstance(exc, CudaFault) else f'{type(exc).__name__}: {str(exc)[:600]}'}")
         _idle()
     ready = _threads()
     roof_text = f" {roof['bandwidth_gbps']} {roof['fp32_gflops']} {roof['l2_bytes']}" if roof else ""
@@ -218,24 +221,22 @@ def _serve(name: str, job: dict[str, Any], region: Region, timing: Channel, comm
             continue
         if len(command) not in (2, 3) or command[0] != b"S" or command[2:] not in ([], [b"P"]):
             os._exit(0)
-        left[0] = 0
+        left = 0
         try:
             t0, claimed = sample([int(i) for i in command[1].split(b",")], command[2:] == [b"P"])
-        except CudaFault as exc:
-            _reply(replies, f"C {exc}")
-            _idle()
         except Exception as exc:  # the kernel's own error on a timed call
-            _reply(replies, f"C {type(exc).__name__}: {str(exc)[:600]}")
+            _reply(replies, f"C {exc if isinstance(exc, CudaFault) else f'{type(exc).__name__}: {str(exc)[:600]}'}")
             _idle()
         if os.getpid() != pid0:
             os._exit(0)  # a kernel that forked returns twice: the copy vanishes, the coordinator sees the fork
-        if left[0] > 0 or _threads() > ready:
-            _reply(replies, f"T {ready} {max(_threads(), ready + left[0])}")
+        now = _threads()
+        if left > 0 or now > ready:
+            _reply(replies, f"T {ready} {max(now, ready + left)}")
             _idle()
         _reply(replies, f"D {t0} {claimed}")
 
 
-def _idle() -> None:
+def _idle() -> NoReturn:
     """After a fatal reply: wait to be ended (exiting at once could make the coordinator see a dead worker before it
     read the reply). Never returns."""
     while True:

@@ -355,20 +355,19 @@ class NativeRunner:
                                  harness="kope_mcp.runtime.harness_profile")
         return _with_checked_outputs(outcome, raw, task, sets)
 
-
-def gpu_profile(runner: NativeRunner, task: Task, libraries: dict[str, Path], sets: list[PreparedCase], *,
-                kind: str, gpu: GpuBinding, time_cap_s: float, wall_s: float, consistency: tuple[float, float],
-                env: dict[str, str]) -> HarnessOutcome:
-    """A GPU target's profile (targets/gpu_profile_harness.py): candidate and baseline, each in its own worker
-    on the device, through the contract's protocol; timings corroborated by the timekeeper as for C."""
-    job: dict[str, Any] = {
-        "mode": "profile", "kind": kind, "args": _args(task), "task_folder": None, "time_cap_s": time_cap_s,
-        "pid_namespace": capabilities().isolated, "consistency_atol": consistency[0],
-        "consistency_rtol": consistency[1], "min_rounds": MIN_ROUNDS, "gpu_minor": gpu.index,
-    }
-    outcome, raw = runner._run(job, sets, task, wall_s, {"OMP_NUM_THREADS": "1", **env}, libraries,
-                               harness="kope_mcp.targets.gpu_profile_harness", gpu=gpu)
-    return _with_checked_outputs(outcome, raw, task, sets)
+    def profile_gpu(self, task: Task, libraries: dict[str, Path], sets: list[PreparedCase], *, kind: str,
+                    gpu: GpuBinding, time_cap_s: float, wall_s: float, consistency: tuple[float, float],
+                    env: dict[str, str]) -> HarnessOutcome:
+        """A GPU target's profile (targets/gpu_profile_harness.py): candidate and baseline, each in its own worker
+        on the device, through the contract's protocol; timings corroborated by the timekeeper as for C."""
+        job: dict[str, Any] = {
+            "mode": "profile", "kind": kind, "args": _args(task), "task_folder": None, "time_cap_s": time_cap_s,
+            "pid_namespace": capabilities().isolated, "consistency_atol": consistency[0],
+            "consistency_rtol": consistency[1], "min_rounds": MIN_ROUNDS, "gpu_minor": gpu.index,
+        }
+        outcome, raw = self._run(job, sets, task, wall_s, {"OMP_NUM_THREADS": "1", **env}, libraries,
+                                 harness="kope_mcp.targets.gpu_profile_harness", gpu=gpu)
+        return _with_checked_outputs(outcome, raw, task, sets)
 
 
 def _with_checked_outputs(outcome: HarnessOutcome, raw: bytes, task: Task, sets: list[PreparedCase]) -> HarnessOutcome:

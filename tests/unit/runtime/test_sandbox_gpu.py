@@ -95,5 +95,14 @@ def test_a_gpu_run_is_bounded_by_what_it_allocates_not_by_address_space():
         a.startswith("--data") for a in prlimit_prefix(SandboxLimits()))
 
 
-def test_a_binding_is_hashable_data():
-    assert GpuBinding(0, ("/dev/nvidia0",), ()) == GpuBinding(0, ("/dev/nvidia0",), ())
+def test_a_missing_node_is_looked_for_again_by_the_next_run(tmp_path, monkeypatch):
+    from kope_mcp.runtime import sandbox_gpu
+
+    dev = fake_dev(tmp_path, ("nvidia0", "nvidiactl"))
+    monkeypatch.setattr(sandbox_gpu, "_bound", {})
+    monkeypatch.setattr(sandbox_gpu, "gpu_binding", lambda index, per_run_uid: gpu_binding(
+        index, per_run_uid=per_run_uid, dev=dev, listing="", maps=""))
+    assert "nvidia-uvm" in str(sandbox_gpu.assigned_gpu(0, False))
+    (dev / "nvidia-uvm").symlink_to("/dev/null")  # the driver created it meanwhile
+    found = sandbox_gpu.assigned_gpu(0, False)
+    assert isinstance(found, GpuBinding) and found.nodes[-1] == str(dev / "nvidia-uvm")

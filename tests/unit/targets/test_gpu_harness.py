@@ -125,3 +125,23 @@ def test_a_gpu_that_cannot_be_handed_to_a_run_is_device_unavailable(tmp_path, mo
     target = CudaTarget(KopeSettings.from_env(home=tmp_path, gpu=5, embeddings=False))
     with pytest.raises(DeviceUnavailableError, match=r"^device_unavailable: GPU 5 \(KOPE_GPU\).*/dev/nvidia5"):
         target.binding()
+
+
+@pytest.mark.parametrize(("fresh_sandbox_works", "status"), [(True, "crash"), (False, "device_unavailable")])
+def test_a_device_unavailable_report_is_believed_only_when_a_fresh_sandbox_fails_too(tmp_path, monkeypatch,
+                                                                                     fresh_sandbox_works, status):
+    # run_tests' report comes from the process the kernel ran in: a kernel could write it to have nothing recorded.
+    from kope_mcp.runtime.sandbox_gpu import GpuBinding
+    from kope_mcp.targets import gpu as gpu_module
+    from kope_mcp.targets.cuda import CudaTarget
+    from kope_mcp.targets.native_runner import HarnessOutcome
+
+    target = CudaTarget(KopeSettings.from_env(home=tmp_path, embeddings=False))
+    monkeypatch.setattr(target, "binding", lambda: GpuBinding(0, ("/dev/nvidia0",), ()))
+    monkeypatch.setattr(target.cache, "artifact", lambda build_hash: tmp_path / "kernel.so")
+    monkeypatch.setattr(target.runner, "run_tests", lambda *a, **k: HarnessOutcome(
+        status="device_unavailable", message="RuntimeError: No CUDA GPUs are available"))
+    monkeypatch.setattr(gpu_module, "check_device_in_sandbox", lambda settings: (fresh_sandbox_works, "H200"))
+    outcome = target.run_on_gpu(None, "hash", [], wall_s=1.0)  # type: ignore[arg-type]
+    assert outcome.status == status
+    assert ("initialises in a fresh sandbox" in outcome.message) == fresh_sandbox_works

@@ -103,3 +103,10 @@ def test_run_tests_on_the_device_path_fails_a_kernel_that_leaves_a_thread_runnin
             "    threading.Thread(target=time.sleep, args=(0.5,), daemon=True).start()\n")
     result = run_tests(tmp_path, lazy, [3, 5])
     assert result.get("fatal") == "crash" and result["case"] == "n5" and "host thread" in result["message"], result
+
+
+def test_a_kernel_that_fails_to_load_is_its_load_error_not_a_dead_worker(tmp_path):
+    # The worker replies and then waits to be ended: had it exited at once, the coordinator could find it dead
+    # before reading the reply and report a crash instead.
+    result = profile(tmp_path, "raise ImportError('no module named cutlass')\n")
+    assert result.get("fatal") == "load_error" and "cutlass" in result["message"], result
