@@ -164,6 +164,13 @@ class DeviceUnavailableError(KopeError):
     code = "device_unavailable"
 
 
+class BaselineFailedError(KopeError):
+    """The baseline or the reference crashed, failed to load or broke the protocol at the profiling size: the
+    server's (or the task's) fault, not the candidate's; nothing of the profile is recorded against the kernel."""
+
+    code = "baseline_failed"
+
+
 class TargetMismatchError(KopeError):
     code = "target_mismatch"
 

@@ -129,26 +129,54 @@ class GuardedBuffers:
         return found
 
 
+def _pread_into(fd: int, target: memoryview, offset: int) -> int:
+    done = 0
+    while done < len(target):  # one read returns at most ~2 GiB
+        n = os.preadv(fd, [target[done:]], offset + done)
+        if n <= 0:
+            break
+        done += n
+    return done
+
+
 class InputSet:
+    """One case's inputs, read from the job's folder (``file``) or, for a profile, from the descriptor the server
+    passed (``offset`` into ``data_fd``: the pool is no file a kernel could open). ``load=False``: only the shapes
+    until :meth:`load` (a profile's coordinator forks the candidate before any input is in its memory)."""
+
     def __init__(self, spec: dict[str, Any], args: list[dict[str, Any]], folder: Path, *,
-                 kernels_see_these: bool = True) -> None:
+                 kernels_see_these: bool = True, data_fd: int | None = None, load: bool = True) -> None:
         self.name: str = spec["name"]
         self.sizes: dict[str, int] = spec["sizes"]
         self.args = args
         self.guards = GuardedBuffers()
-        self.inputs = {}
-        for name, meta in spec["inputs"].items():
+        self.input_meta: dict[str, dict[str, Any]] = spec["inputs"]
+        self.folder, self.data_fd, self.kernels_see_these = folder, data_fd, kernels_see_these
+        self.inputs: dict[str, np.ndarray] = {}
+        self.pristine: dict[str, np.ndarray] = {}
+        self.output_meta: dict[str, dict[str, Any]] = spec["outputs"]
+        self.scalars: dict[str, float] = spec.get("scalars", {})
+        if load:
+            self.load()
+
+    def load(self) -> None:
+        for name, meta in self.input_meta.items():
             arr = self.guards.empty(name, meta["shape"], meta["dtype"])
-            with open(folder / meta["file"], "rb") as fh:  # straight into the guarded buffer: no temporary
-                if fh.readinto(arr.reshape(-1).view(np.uint8).data) != arr.nbytes:
-                    raise ValueError(f"{meta['file']}: shorter than its {arr.nbytes} bytes")
+            target = arr.reshape(-1).view(np.uint8).data
+            if "offset" in meta:
+                if self.data_fd is None:
+                    raise ValueError(f"input {name}: no descriptor to read it from")
+                got = _pread_into(self.data_fd, target, int(meta["offset"]))
+            else:
+                with open(self.folder / meta["file"], "rb") as fh:  # straight into the guarded buffer: no temporary
+                    got = fh.readinto(target)
+            if got != arr.nbytes:
+                raise ValueError(f"input {name}: shorter than its {arr.nbytes} bytes")
             self.inputs[name] = arr
         # A kernel may write into its inputs: keep a copy to tell. Where kernels only see copies of these (the
         # profiler's regions), they stay pristine themselves and a second copy of every input would be waste.
-        self.pristine = ({name: arr.copy() for name, arr in self.inputs.items()} if kernels_see_these
+        self.pristine = ({name: arr.copy() for name, arr in self.inputs.items()} if self.kernels_see_these
                          else self.inputs)
-        self.output_meta: dict[str, dict[str, Any]] = spec["outputs"]
-        self.scalars: dict[str, float] = spec.get("scalars", {})
 
     def new_outputs(self, *, guarded: bool = True) -> dict[str, np.ndarray]:
         """Fresh output arrays; ``guarded`` ones sit between guard zones (run_tests). The profiler's many

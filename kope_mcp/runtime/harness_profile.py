@@ -84,7 +84,7 @@ class Region:
     def __init__(self, sets: list[InputSet], buffers: int) -> None:
         layout: list[tuple[tuple[str, int, str], np.dtype[Any], tuple[int, ...]]] = []
         for i, s in enumerate(sets):
-            layout += [(("in", i, n), a.dtype, a.shape) for n, a in s.inputs.items()]
+            layout += [(("in", i, n), np.dtype(m["dtype"]), tuple(m["shape"])) for n, m in s.input_meta.items()]
         for b in range(buffers):
             layout += [(("out", b, n), np.dtype(m["dtype"]), tuple(m["shape"]))
                        for n, m in sets[0].output_meta.items()]
@@ -111,12 +111,15 @@ class Region:
         offset, dtype, shape = self.layout[key]
         return self.base + offset, int(np.prod(shape)) * dtype.itemsize
 
-    def fill_inputs(self) -> None:
+    def huge_pages(self) -> None:
         if hasattr(self.map, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
             with contextlib.suppress(OSError):
                 self.map.madvise(mmap.MADV_HUGEPAGE)
-        for i, s in enumerate(self.sets):
-            for n, a in s.inputs.items():
+
+    def fill_inputs(self, chosen: list[int] | None = None) -> None:
+        """Copy the inputs of the sets ``chosen`` (all of them: None) into their places in this process."""
+        for i in sorted(set(chosen)) if chosen is not None else range(len(self.sets)):
+            for n, a in self.sets[i].inputs.items():
                 np.copyto(self.view(("in", i, n)), a)
 
     def poison_outputs(self, n: int) -> None:
@@ -222,7 +225,7 @@ def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[Inp
             reference = _load_reference(job["task_folder"])
             reference(**sets[0].reference_kwargs())  # lazy imports (torch) outside the timed calls
         else:
-            region.fill_inputs()
+            region.huge_pages()
             kernel = _load_kernel(job["libraries"][name], job["args"])
     except LoadError as exc:
         os.write(replies, f"L {exc}\n".encode())
@@ -241,6 +244,9 @@ def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[Inp
             calls = [(kernel, region.call_args(i, j), {}) for j, i in enumerate(chosen)]
             if command[2:] == [b"P"]:
                 region.poison_outputs(n)
+            if name != "candidate":
+                # As the coordinator writes the candidate's, after its poison: the same cache state for both.
+                region.fill_inputs(chosen)
         else:
             calls = [(reference, [], sets[i].reference_kwargs()) for i in chosen]
         timing.begin(name)
@@ -269,6 +275,7 @@ class CandidateBuffers:
         self.poisoned = region.sets[0].new_outputs(guarded=False)
         for arr in self.poisoned.values():
             poison(arr)
+        self.written: set[int] = set()
 
     def poison(self, n: int) -> None:
         _transfer(self.pid, [(self.poisoned[name].ctypes.data, *self.region.address(("out", b, name)))
@@ -279,10 +286,18 @@ class CandidateBuffers:
                              for b in range(n) for name in self.names], write=False)
         return self.local[:n]
 
+    def write_inputs(self, chosen: list[int]) -> None:
+        """The inputs of the sets of the next batch, written into the stopped candidate right before it runs: it
+        never holds an input before the call that is timed on it."""
+        fresh = sorted(set(chosen))
+        _transfer(self.pid, [(arr.ctypes.data, *self.region.address(("in", i, name)))
+                             for i in fresh for name, arr in self.region.sets[i].inputs.items()], write=True)
+        self.written.update(fresh)
+
     def inputs_modified(self) -> list[str]:
         modified = set()
-        for i, s in enumerate(self.region.sets):
-            for name, pristine in s.inputs.items():
+        for i in sorted(self.written):
+            for name, pristine in self.region.sets[i].inputs.items():
                 seen = np.empty_like(pristine)
                 _transfer(self.pid, [(seen.ctypes.data, *self.region.address(("in", i, name)))], write=False)
                 if not bitwise_equal(seen, pristine) and not np.array_equal(seen, pristine, equal_nan=True):
@@ -292,8 +307,11 @@ class CandidateBuffers:
 
 def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel,
                 timing: Channel) -> dict[str, Any]:
-    sets = [InputSet(c, job["args"], folder, kernels_see_these=False) for c in job["cases"]]
+    data_fd = job["fds"].get("inputs")
+    sets = [InputSet(c, job["args"], folder, kernels_see_these=False, data_fd=data_fd, load=False)
+            for c in job["cases"]]
     names = [*job["libraries"], *(["reference"] if job.get("task_folder") else [])]
+    names.sort(key=lambda name: name != "candidate")  # forked first, before any input is in this process
     buffers = max(1, min(10_000, OUTPUT_BUDGET_BYTES // max(1, sets[0].output_bytes())))
     cpu = job.get("pin_cpu")
     if cpu is not None:
@@ -303,8 +321,14 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     regions: dict[str, Region] = {}
     candidate_omp: int | None = None
     for name in names:
+        if name != "candidate" and not sets[0].inputs:
+            for s in sets:  # the trusted workers get them by inheritance; the candidate never had the chance
+                s.load()
+            if data_fd is not None:
+                os.close(data_fd)
+                data_fd = None
         region = Region(sets, buffers) if name != "reference" else None
-        workers[name] = fork_worker(name, workers, (out.fd, progress.fd),
+        workers[name] = fork_worker(name, workers, (out.fd, progress.fd, data_fd),
                                     functools.partial(_serve, name, job, region, sets, timing))
         if region is not None:
             regions[name] = region
@@ -312,12 +336,17 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             ready = workers[name].answer()
         except WorkerDied:
             _end(workers)
-            return {"fatal": "crash", "message": f"the {name} process died while loading its library"}
+            return {"fatal": "crash" if name == "candidate" else "baseline_failed",
+                    "message": f"the {name} process died while loading its library"}
         if ready[0] == "L":
             _end(workers)
+            if name != "candidate":
+                return {"fatal": "baseline_failed", "message": f"the {name} cannot be loaded: {' '.join(ready[1:])}"}
             return {"fatal": "load_error", "message": " ".join(ready[1:])}
         if name == "candidate":
             candidate_omp = int(ready[1]) or None
+    for s in sets if not sets[0].inputs else ():  # a profile of the candidate alone
+        s.load()
     expected = {os.getpid(), *(w.pid for w in workers.values())}
     isolated = bool(job.get("pid_namespace"))
     candidate = CandidateBuffers(regions["candidate"], workers["candidate"].pid)
@@ -353,6 +382,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             if isolated and _other_processes(expected):
                 raise ForkedError(name)
             if name == "candidate":
+                candidate.write_inputs(chosen)
                 usage.before()
             reply = worker.ask("S " + ",".join(map(str, chosen)) + (" P" if name in poison_next else ""))
             poison_next.discard(name)
@@ -391,7 +421,8 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         return {"fatal": "tampered", "message": f"{exc}: a kernel must not touch other processes"}
     except WorkerDied as died:
         _end(workers)
-        return {"fatal": "crash",
+        # The trusted implementations run only their own code: one that fails is not the candidate's to answer for.
+        return {"fatal": "crash" if died.worker.name == "candidate" else "baseline_failed",
                 "message": f"the {died.worker.name} process {_describe(died.worker.status)} at the profiling size"}
     except MemoryAccessError as exc:
         _end(workers)
@@ -407,7 +438,6 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         "window_seconds": round(usage.wall_s, 6),
         "cpu_mask_widened": escaped,
         "untimed_cpu_seconds": round(untimed, 6),
-        "filled_bytes": sum(a.nbytes for s in sets for a in s.inputs.values()),
         "cpus": sorted(os.sched_getaffinity(0)),
         "inputs_modified": inputs_modified,
         "omp_threads": candidate_omp,

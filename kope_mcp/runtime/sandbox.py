@@ -214,6 +214,7 @@ def run_sandboxed(
     pass_fds: Sequence[int] = (),
     reaching: bool = False,
     gpu: GpuBinding | None = None,
+    private_run: bool = False,
 ) -> SandboxResult:
     """Run ``argv`` in the scratch's run folder inside every isolation layer; never raises for what the child does.
 
@@ -221,7 +222,9 @@ def run_sandboxed(
     what was :meth:`Scratch.place`-d. ``reaching`` lets the run use ``process_vm_*`` (a profile's coordinator,
     which loads no kernel and confines each worker it forks). Raises :class:`SandboxUnavailable` when no isolation
     is possible and the user did not opt out. ``gpu``: the assigned GPU's nodes and driver libraries are bound in
-    (:mod:`kope_mcp.runtime.sandbox_gpu`); the caller puts its ``env()`` in ``env``.
+    (:mod:`kope_mcp.runtime.sandbox_gpu`); the caller puts its ``env()`` in ``env``. ``private_run``: nothing is
+    read back from the run folder (a kernel's run), so it is a size-capped memory folder of the run's own. A
+    ``reaching`` run (a profile's coordinator) is the namespace's pid 1.
     """
     caps = capabilities()
     if not caps.isolated and not unsafe_opt_out():
@@ -236,7 +239,9 @@ def run_sandboxed(
             scratch.place(path)
         cmd = [*bwrap_argv(caps.bwrap, caps.mode, scratch.uid, binds=scratch.binds,
                             run_dir=scratch.run, disable_userns=caps.disable_userns, seccomp_fd=filter_fd,
-                            dev_nodes=gpu.nodes if gpu is not None else ()),
+                            dev_nodes=gpu.nodes if gpu is not None else (),
+                            tmpfs_bytes=limits.scratch_bytes if caps.sized_tmpfs else None,
+                            private_run=private_run and caps.sized_tmpfs, as_pid_1=reaching),
                *identity_prefix(caps.mode, scratch.uid),
                # bwrap cannot chdir into a folder only the run's uid may enter: the run's own shell does.
                "/bin/sh", "-c", 'cd "$0" && exec "$@"', SANDBOX_RUN, *argv]

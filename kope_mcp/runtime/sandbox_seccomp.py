@@ -54,6 +54,7 @@ _PRIO_PROCESS = 0
 _IOPRIO_WHO_PROCESS = 1
 _F_SETOWN, _F_SETOWN_EX = 8, 15
 _FIOSETOWN, _SIOCSPGRP = 0x8901, 0x8902
+_CLONE_THREAD = 0x00010000
 _INT = 0xFFFFFFFF  # int arguments: the kernel ignores the upper half a caller may fill
 _PR_SET_NO_NEW_PRIVS = 38
 _SECCOMP_SET_MODE_FILTER = 1
@@ -149,13 +150,20 @@ _PID_STAND_IN = 0x7EAD_BEEF
 
 
 @functools.cache
-def worker_program() -> bytes | None:
-    """The worker's filter as classic BPF, its pid still the stand-in; None without libseccomp."""
+def worker_program(*, spawn: bool = True) -> bytes | None:
+    """The worker's filter as classic BPF, its pid still the stand-in; None without libseccomp. ``spawn=False``
+    (a CPU profile's workers): no new process either, only threads (``clone`` with ``CLONE_THREAD``, whose CPU time
+    is the process's): a child forked at load or at the warm-up call computed every input set ahead, and a
+    ``clone(CLONE_VM)`` helper did half the work, neither of them counted."""
     sc, _ = _load()
     if sc is None or _SYS_SECCOMP < 0:
         return None
     eperm = sc.ERRNO(errno.EPERM)
     flt = sc.SyscallFilter(sc.ALLOW)
+    if not spawn:
+        for number in _numbers(sc, ("fork", "vfork")):
+            flt.add_rule(eperm, number)
+        flt.add_rule(eperm, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open"):
         flt.add_rule(eperm, name, sc.Arg(0, sc.NE, _PID_STAND_IN))
     for number in _numbers(sc, ("tkill", "pidfd_send_signal", *REACHING, "ptrace", "kcmp", "pidfd_getfd")):

@@ -37,6 +37,9 @@ class SandboxLimits:
     max_processes: int = 256
     max_file_bytes: int = 256 * 1024**2
     data_bytes: int | None = None  # RLIMIT_DATA: what a GPU run may allocate on the host instead
+    # The size of each of the run's memory-backed folders (/tmp, and the run folder of a kernel's run): rlimits cap
+    # single files only, and one run wrote 768 MB to each at 200-650 MB/s, all of it the host's memory.
+    scratch_bytes: int = 512 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class SandboxCapabilities:
     missing: str = ""
     disable_userns: bool = False
     seccomp: bool = False  # bwrap loads the system-call filter (sandbox_seccomp) before each run's first command
+    sized_tmpfs: bool = False  # this bwrap takes --size (0.5+): the run's /tmp and kernel run folders are capped
 
     @property
     def isolated(self) -> bool:
@@ -129,6 +133,7 @@ def capabilities() -> SandboxCapabilities:
         return SandboxCapabilities("none", bwrap, (rl_layer, Layer("bubblewrap", False, f"{reason}: {detail}")),
                                    missing=f"a working bubblewrap sandbox: {reason}")
     filter_layer = _probe_filter(bwrap, mode, probe_uid, disable_userns)
+    sized = _bwrap_takes(bwrap, "--size")
     identity = (Layer("per-run uid", True, f"each run as its own uid in {RUN_UID_BASE}..+{RUN_UID_SPAN}; "
                       "capabilities, bounding and ambient sets cleared, no_new_privs") if root else
                 Layer("user namespace", True, "each run in its own user namespace, every capability dropped"
@@ -137,15 +142,27 @@ def capabilities() -> SandboxCapabilities:
     layers = (
         Layer("bubblewrap", True, bwrap), identity,
         Layer("mount namespace", True, "empty root, read-only toolchain and libraries, private /tmp, fresh "
-              "/proc, only the run's own directory writable"),
-        Layer("pid namespace", True, "the host's processes are invisible; every process ends with the run"),
+              "/proc, only the run's own directory writable" + (
+                  "; /tmp and a kernel's run folder are size-capped memory" if sized else
+                  " (this bwrap has no --size: /tmp is not size-capped)")),
+        Layer("pid namespace", True, "the host's processes are invisible; every process ends with the run; a "
+              "profile's coordinator is the namespace's pid 1 (no init a kernel could take over)"),
         Layer("network namespace", True, "no network: its own namespace, only a private loopback (nothing of the "
               "host's, not the daemon's port)"),
         Layer("ipc/uts/cgroup namespaces", True, "private System V IPC, hostname and cgroup view"),
         filter_layer,
         rl_layer,
     )
-    return SandboxCapabilities(mode, bwrap, layers, disable_userns=disable_userns, seccomp=filter_layer.active)
+    return SandboxCapabilities(mode, bwrap, layers, disable_userns=disable_userns, seccomp=filter_layer.active,
+                               sized_tmpfs=sized)
+
+
+def _bwrap_takes(bwrap: str, option: str) -> bool:
+    try:
+        done = subprocess.run([bwrap, "--help"], capture_output=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return option in (done.stdout + done.stderr).decode(errors="replace")
 
 
 def _probe_filter(bwrap: str, mode: Mode, uid: int, disable_userns: bool) -> Layer:
@@ -176,10 +193,17 @@ def unsafe_opt_out() -> bool:
 
 # --- the command line ------------------------------------------------------------------------------------------
 def bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_dir: Path | None,
-                disable_userns: bool, seccomp_fd: int | None = None, dev_nodes: tuple[str, ...] = ()) -> list[str]:
+                disable_userns: bool, seccomp_fd: int | None = None, dev_nodes: tuple[str, ...] = (),
+                tmpfs_bytes: int | None = None, private_run: bool = False, as_pid_1: bool = False) -> list[str]:
     """``dev_nodes``: host device nodes bound read-write at their own paths (a GPU run's, sandbox_gpu.py); every
-    other run sees bubblewrap's minimal ``/dev`` alone."""
+    other run sees bubblewrap's minimal ``/dev`` alone. ``tmpfs_bytes``: the size of ``/tmp`` (and of the run
+    folder when ``private_run``: a memory folder of the run's own in place of the host's ``run_dir``, for a run whose
+    folder nothing reads back). ``as_pid_1``: the command is the namespace's pid 1, not bubblewrap's reaper, which
+    a kernel of a non-root server could open through ``/proc/1/mem`` and run its code in."""
     argv = [bwrap, "--die-with-parent", "--new-session"]
+    if as_pid_1:
+        argv.append("--as-pid-1")
+    size = ["--size", str(tmpfs_bytes)] if tmpfs_bytes is not None else []
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     if mode == "per-run-uid":
@@ -215,7 +239,7 @@ def bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_
     argv += ["--dev", "/dev"]
     for node in dev_nodes:
         argv += ["--dev-bind", node, node]
-    argv += ["--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", "--perms", "1777", *size, "--tmpfs", "/tmp"]
     mounted += ["/dev", "/proc"]
     created.add("/tmp")
     for path in _SYSTEM_FILES:
@@ -229,7 +253,10 @@ def bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_
         parents(target)
         argv += ["--ro-bind", source, target]
         mounted.append(target)
-    if run_dir is not None:
+    if private_run:
+        parents(SANDBOX_RUN)
+        argv += ["--perms", "1777", *size, "--tmpfs", SANDBOX_RUN]
+    elif run_dir is not None:
         parents(SANDBOX_RUN)
         argv += ["--bind", str(run_dir), SANDBOX_RUN]
     return [*argv, "--"]

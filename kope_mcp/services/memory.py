@@ -296,19 +296,28 @@ class ExperienceMemory(MemoryTransfer):
         label = label_for(True, True, ratio, interval)
         if report.same_code_as_baseline and label == "effective":
             label = "partial"  # the baseline's own machine code: a difference measured is placement, not a win
+        # A win whose whole interval clears the gain threshold is a win however much the rounds varied: on a
+        # machine with one busy job per core every honest profile was noisy, and nothing was ever taught. It is
+        # taught with its (wide) CI and says it was measured under load; a noisy result of any other label is not.
+        noisy = report.noisy and not (label == "effective" and not report.suspect)
+        warnings = list(report.warnings)
+        if report.noisy and not noisy:
+            low, high = report.speedup_vs_baseline_ci95
+            warnings.append(f"measured under load ({'; '.join(report.noise_reasons)}): taught because its whole "
+                            f"95% CI [{low:.2f}, {high:.2f}]x clears the gain threshold")
         self._update(
             kernel_id, median_s=report.kernel.median_s, speedup=report.speedup_vs_baseline,
             speedup_ci_low=report.speedup_vs_baseline_ci95[0], speedup_ci_high=report.speedup_vs_baseline_ci95[1],
             speedup_vs_reference=report.speedup_vs_reference,
             step_ratio=ratio, label=label, confidence=confidence,
-            profile_warnings=report.warnings, suspect=report.suspect, suspect_reason="; ".join(report.suspect_reasons),
-            noisy=report.noisy, noise_reason="; ".join(report.noise_reasons),
+            profile_warnings=warnings, suspect=report.suspect, suspect_reason="; ".join(report.suspect_reasons),
+            noisy=noisy, noise_reason="; ".join(report.noise_reasons) if noisy else "",
         )
         session = self.session(attempt.session_id)
         # Only a correct candidate that is measurably faster replaces the incumbent, never on a noisy measurement;
         # the incumbent measured again carries its latest figure (a busy machine made the first one high).
         remeasured = kernel_id == session.incumbent_id and not report.suspect
-        if remeasured or (not report.suspect and not report.noisy and (
+        if remeasured or (not report.suspect and not noisy and (
                 session.incumbent_speedup is None or report.speedup_vs_baseline_ci95[0] > session.incumbent_speedup)):
             self.store.set_incumbent(session.session_id, kernel_id, report.speedup_vs_baseline)
             self._sessions.put(session.session_id, session.model_copy(
@@ -478,7 +487,8 @@ class ExperienceMemory(MemoryTransfer):
         seen = 0
         while parent_id and seen < 1000:
             parent = self.store.attempt(parent_id)
-            if parent.correct and parent.speedup is not None:
+            # A suspect measurement (the baseline's own code among them) is no base to measure a step from.
+            if parent.correct and parent.speedup is not None and not parent.suspect:
                 return parent.speedup
             parent_id, seen = parent.parent_id, seen + 1
         return None

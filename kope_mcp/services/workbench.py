@@ -13,6 +13,7 @@ import numpy as np
 from kope_mcp.cluster.dispatch import cluster_roster
 from kope_mcp.errors import (
     MAX_STRATEGY_CHARS,
+    BaselineFailedError,
     BuildTamperedError,
     DeviceUnavailableError,
     EmptySourceError,
@@ -394,6 +395,11 @@ class Workbench(WorkbenchDevices):
                 if deterministic and outcome.status == "ok" else None
         _unless_stopping("profile_kernel")
         _unless_device_unavailable(outcome, "profile_kernel")
+        if outcome.status == "baseline_failed":
+            raise BaselineFailedError(
+                f"profile_kernel measured nothing: {outcome.message}. The baseline (or reference) is the task's code, "
+                "not your kernel's: nothing was recorded against it; profile again, and if this repeats the task's "
+                "baseline is broken at its profiling size (tell whoever maintains the task)")
         queueing = {"device": record.target, "waited_s": round(wait, 3), "device_share": round(slot.share(client), 3)}
         base_key, pin = measured.baseline_key, measured.pinned_cpu
         failure, message = profile_failure(task, outcome, sets, expected, profile)
@@ -424,6 +430,11 @@ class Workbench(WorkbenchDevices):
             suspect_reasons(speedup_ci, flops, nbytes, median, threads, roofline) + \
             gpu_suspect_reasons(outcome.result, flops, nbytes, median)
         warnings += gpu_clock_warnings(outcome.result)
+        same_code = measured.same_code_as_baseline or same_source_as_baseline(
+            record.source, record.flags, target.baseline_source(task), target.default_flags())
+        if same_code:
+            # Never a win, a "what worked" item nor a step's base: what is measured is placement or noise.
+            reasons.append("the baseline's own code: a difference measured against it is code placement or noise")
         noise = noise_reasons(ratio_spread(samples[base_key], samples["candidate"]), outcome.timings.conservative)
         warnings += sandbox_warnings + measured.warnings
         if isinstance(costs, str):
@@ -442,8 +453,7 @@ class Workbench(WorkbenchDevices):
             warnings=warnings, deterministic=costs if isinstance(costs, CostCounts) else None,
             checked_input_sets=len(outcome.outputs), repeated_calls=int(outcome.result.get("repeated_calls") or 0),
             suspect=bool(reasons), suspect_reasons=reasons, noisy=bool(noise), noise_reasons=noise,
-            same_code_as_baseline=measured.same_code_as_baseline or same_source_as_baseline(
-                record.source, record.flags, target.baseline_source(task), target.default_flags()),
+            same_code_as_baseline=same_code,
             **queueing,
             next_step=(
                 "record what you tried; try the next optimisation and compile it with parent_id="

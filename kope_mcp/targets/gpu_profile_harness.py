@@ -264,7 +264,8 @@ class ThreadLeft(Exception):
 
 def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel,
                 timing: Channel) -> dict[str, Any]:
-    sets = [InputSet(c, job["args"], folder, kernels_see_these=False) for c in job["cases"]]
+    sets = [InputSet(c, job["args"], folder, kernels_see_these=False, data_fd=job["fds"].get("inputs"))
+            for c in job["cases"]]
     names = list(job["libraries"])
     _dumpable(False)
     workers: dict[str, Worker] = {}
@@ -278,7 +279,8 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             ready[name] = workers[name].answer()
         except WorkerDied:
             _end(workers)
-            return {"fatal": "crash", "message": f"the {name} process died while loading its kernel"}
+            return {"fatal": "crash" if name == "candidate" else "baseline_failed",
+                    "message": f"the {name} process died while loading its kernel"}
         kind, rest = ready[name][0], " ".join(ready[name][1:])
         if kind != "R":
             _end(workers)
@@ -287,7 +289,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             if kind == "C" and name == "candidate":
                 return {"fatal": "crash", "case": sets[0].name,
                         "message": f"the kernel's first call at the profiling size: {rest}"}
-            return {"fatal": "load_error" if name == "candidate" else "crash",
+            return {"fatal": "load_error" if name == "candidate" else "baseline_failed",
                     "message": rest if name == "candidate" else f"the {name} failed to load: {rest}"}
     extra_threads = {name: int(r[1]) for name, r in ready.items()}
     if extra_threads["candidate"] > max(v for k, v in extra_threads.items() if k != "candidate"):
@@ -365,11 +367,11 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     except GpuFault as exc:
         _end(workers)
         if exc.name != "candidate":
-            return {"fatal": "crash", "message": f"the {exc.name} failed at the profiling size: {exc}"}
+            return {"fatal": "baseline_failed", "message": f"the {exc.name} failed at the profiling size: {exc}"}
         return {"fatal": "crash", "case": sets[0].name, "message": f"at the profiling size: {exc}"}
     except WorkerDied as died:
         _end(workers)
-        return {"fatal": "crash",
+        return {"fatal": "crash" if died.worker.name == "candidate" else "baseline_failed",
                 "message": f"the {died.worker.name} process {_describe(died.worker.status)} at the profiling size"}
     except MemoryAccessError as exc:
         _end(workers)

@@ -40,7 +40,8 @@ from kope_mcp.tasks.loader import Task
 # A GPU run's host allocations (RLIMIT_DATA), in multiples of the server's memory limit: each profile worker holds
 # its input sets on the host too, and the CUDA runtime and torch allocate besides.
 GPU_DATA_FACTOR = 2
-Status = Literal["ok", "crash", "timeout", "fork", "load_error", "unverified", "tampered", "device_unavailable"]
+Status = Literal["ok", "crash", "timeout", "fork", "load_error", "unverified", "tampered", "device_unavailable",
+                 "baseline_failed"]
 _TRAILER_CAP = 4 * 1024**2
 MIN_ROUNDS = 7
 _PROGRESS_CAP = 64 * 1024
@@ -103,15 +104,30 @@ def python_runtime() -> PythonRuntime:
                          site)
 
 
-def _write_cases(task: Task, cases: list[PreparedCase], folder: Path) -> list[dict[str, Any]]:
+def _write_cases(task: Task, cases: list[PreparedCase], folder: Path,
+                 data_fd: int | None = None) -> list[dict[str, Any]]:
+    """The cases' specs; their inputs as files of ``folder`` (a test run's: the kernel may see them), or at offsets
+    of ``data_fd`` (a profile's pool: a descriptor the coordinator closes before the candidate could open it)."""
     specs = []
+    offset = 0
     for index, case in enumerate(cases):
         inputs = {}
         for name, arr in case.inputs.items():
-            file = f"in_{index}_{name}.bin"
-            np.ascontiguousarray(arr).tofile(folder / file)
-            (folder / file).chmod(0o644)
-            inputs[name] = {"file": file, "dtype": str(arr.dtype), "shape": list(arr.shape)}
+            data = np.ascontiguousarray(arr)
+            meta: dict[str, Any] = {"dtype": str(arr.dtype), "shape": list(arr.shape)}
+            if data_fd is not None:
+                meta["offset"] = offset
+                view = data.reshape(-1).view(np.uint8).data
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(data_fd, view[done:], offset + done)
+                offset += data.nbytes
+            else:
+                file = f"in_{index}_{name}.bin"
+                data.tofile(folder / file)
+                (folder / file).chmod(0o644)
+                meta["file"] = file
+            inputs[name] = meta
         outputs = {
             a.name: {"dtype": a.dtype, "shape": list(task.spec.shape_of(a, case.sizes))} for a in task.outputs()
         }
@@ -197,11 +213,13 @@ class NativeRunner:
         runtime = python_runtime()
         result_fd, progress_fd = memory_file("result"), memory_file("progress")
         fds = {"result": result_fd, "progress": progress_fd}
+        if job["mode"] == "profile":
+            fds["inputs"] = memory_file("inputs")
         timekeeper: subprocess.Popen[bytes] | None = None
         stamps_fd = write_end = ack_read = None
         with Scratch(self.scratch_root) as scratch:
             try:
-                job["cases"] = _write_cases(task, cases, scratch.inputs)
+                job["cases"] = _write_cases(task, cases, scratch.inputs, fds.get("inputs"))
                 job["libraries"] = {name: scratch.place(path, f"/kope/lib/{name}{path.suffix}")
                                     for name, path in libraries.items()}
                 if job.get("task_folder"):
@@ -220,7 +238,8 @@ class NativeRunner:
                     os.close(ack_write)
                     fds["timing"], fds["ack"] = write_end, ack_read
                 job["fds"] = fds
-                worker_filter = sandbox_seccomp.worker_program()
+                # A CPU profile's workers create no process (a GPU's: Triton runs ptxas at its first call).
+                worker_filter = sandbox_seccomp.worker_program(spawn=not (job["mode"] == "profile" and gpu is None))
                 job["worker_filter"] = worker_filter.hex() if worker_filter else None
                 job_path = scratch.inputs / "job.json"
                 job_path.write_text(json.dumps(job))
@@ -237,6 +256,7 @@ class NativeRunner:
                     pass_fds=tuple(fds.values()),
                     reaching=job["mode"] == "profile",  # the coordinator reads the stopped candidate's buffers
                     gpu=gpu,
+                    private_run=True,  # nothing of a kernel's run is read back from its folder
                 )
                 outcome = HarnessOutcome(status="ok", stdout_tail=run.stdout_tail, stderr_tail=run.stderr_tail,
                                          uid=run.uid)
@@ -261,7 +281,7 @@ class NativeRunner:
                 self._fatal(outcome)
                 return outcome, raw
             finally:
-                for fd in (result_fd, progress_fd, write_end, stamps_fd, ack_read):
+                for fd in (result_fd, progress_fd, fds.get("inputs"), write_end, stamps_fd, ack_read):
                     if fd is not None:
                         os.close(fd)
                 if timekeeper is not None and timekeeper.poll() is None:
@@ -306,8 +326,8 @@ class NativeRunner:
         elif fatal == "tampered":
             outcome.status = "tampered"
             outcome.message = str(outcome.result.get("message"))[:800]
-        elif fatal == "device_unavailable":
-            outcome.status = "device_unavailable"
+        elif fatal in ("device_unavailable", "baseline_failed"):
+            outcome.status = fatal
             outcome.message = str(outcome.result.get("message"))[:800]
         elif fatal == "load_error":
             outcome.status = "load_error"
