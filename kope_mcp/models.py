@@ -218,13 +218,14 @@ class ProfileReport(BaseModel):
                                 "sets outnumber the calls, as for all but the largest tasks).")
     noisy: bool = Field(False, description="The measurement is imprecise (its CI is wide, or the machine was too busy "
                         "to corroborate the kernel's own clock, so it was charged the trusted one): the numbers stand, "
-                        "but it is never taught to others as a win or a pitfall. Profile again when it is quieter "
-                        "to get a clean verdict.")
+                        "but it is never taught to others as a win or a pitfall, unless its whole CI clears the "
+                        "gain threshold (an `effective` step, taught with its CI as measured under load). Profile "
+                        "again when it is quieter to get a clean verdict.")
     noise_reasons: list[str] = Field(default_factory=list)
     same_code_as_baseline: bool = Field(False, description="The kernel is the baseline's own code (its machine "
                                         "code byte for byte where the backend can compare it, else its source with "
                                         "only the default flags): whatever was measured is code placement or noise, "
-                                        "so it is never labelled effective.")
+                                        "so it is never labelled effective, and it is suspect.")
     hardware: HardwareProfile
     device: str = Field("c", description="Where it was measured: a backend of this server, or a cluster device.")
     waited_s: float = Field(0.0, description="Seconds this profile queued for the device (profiles never overlap "

@@ -137,7 +137,7 @@ class _InProcess:
             for arr in buffer.values():
                 poison(arr)
 
-    def run(self, name: str, chosen: list[int]) -> float:
+    def run(self, name: str, chosen: list[int], variants: list[int] | None = None) -> float:
         calls = []
         for j, i in enumerate(chosen):
             kwargs: dict[str, Any] = {}

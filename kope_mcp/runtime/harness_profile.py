@@ -10,7 +10,13 @@ candidate's memory (``process_vm_writev``/``readv``: it is the candidate's paren
 call is not the kernel's to forge. The buffers are the worker's own private memory (faulted in by the worker,
 transparent huge pages as for any numpy array), not a shared mapping, which is 25-30% slower to stream through
 here (4 KiB shmem pages). A process the kernel leaves behind ends the measurement: the run has its own PID
-namespace, so /proc lists every process of it.
+namespace, so /proc lists every process of it, and this coordinator is its pid 1.
+
+Nothing before the clock: the candidate's worker is forked first, before any input set is in this process (the
+pool comes by a descriptor, closed before the trusted workers are forked), and each batch's inputs are written
+into the stopped candidate right before it is resumed for that batch; the trusted workers copy theirs from their
+own memory at the same point. Its filter denies it new processes: a child computing every set, or a
+``clone(CLONE_VM)`` helper, would have done work no clock or CPU count sees.
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ from typing import Any
 import numpy as np
 
 from kope_mcp.runtime import sandbox_seccomp
+from kope_mcp.runtime import variants as variants_mod
 from kope_mcp.runtime.harness import (
+    POISON_BITS,
+    POISON_BITS_64,
     Channel,
     InputSet,
     LoadError,
@@ -116,11 +125,17 @@ class Region:
             with contextlib.suppress(OSError):
                 self.map.madvise(mmap.MADV_HUGEPAGE)
 
-    def fill_inputs(self, chosen: list[int] | None = None) -> None:
-        """Copy the inputs of the sets ``chosen`` (all of them: None) into their places in this process."""
-        for i in sorted(set(chosen)) if chosen is not None else range(len(self.sets)):
+    def fill_inputs(self, chosen: list[int] | None = None, variants: list[int] | None = None,
+                    noise: dict[str, np.ndarray] | None = None) -> None:
+        """Copy the inputs of the sets ``chosen`` (all of them: None) into their places in this process, each as
+        the variant ``variants`` gives for it (0: the set itself)."""
+        picked = chosen if chosen is not None else list(range(len(self.sets)))
+        for i, v in zip(picked, variants or [0] * len(picked), strict=True):
             for n, a in self.sets[i].inputs.items():
-                np.copyto(self.view(("in", i, n)), a)
+                if v and noise is not None and n in noise:
+                    variants_mod.vary_into(self.view(("in", i, n)), a, noise[n], v)
+                else:
+                    np.copyto(self.view(("in", i, n)), a)
 
     def poison_outputs(self, n: int) -> None:
         """What the coordinator does to the candidate's buffers, done by a trusted worker to its own: copied from one
@@ -209,7 +224,7 @@ class ForkedError(Exception):
 
 
 def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[InputSet], timing: Channel,
-           commands: int, replies: int) -> None:
+           noise: dict[str, np.ndarray], commands: int, replies: int) -> None:
     """A worker's life: load its implementation, then time samples on command. Never returns."""
     # Non-dumpable is inherited from the coordinator. The candidate alone makes itself dumpable again, so that its
     # parent, the coordinator, can read and poison its buffers; the other processes that could reach it run only
@@ -235,18 +250,19 @@ def _serve(name: str, job: dict[str, Any], region: Region | None, sets: list[Inp
     source = os.fdopen(commands, "rb", buffering=0)
     while True:
         command = source.readline(_COMMAND_CAP).split()
-        if len(command) not in (2, 3) or command[0] != b"S" or command[2:] not in ([], [b"P"]):
+        if len(command) not in (3, 4) or command[0] != b"S" or command[3:] not in ([], [b"P"]):
             os._exit(0)
         chosen = [int(i) for i in command[1].split(b",")]
+        variants = [int(v) for v in command[2].split(b",")]
         n = len(chosen)
         calls: list[tuple[Any, list[Any], dict[str, Any]]]
         if region is not None:
             calls = [(kernel, region.call_args(i, j), {}) for j, i in enumerate(chosen)]
-            if command[2:] == [b"P"]:
+            if command[3:] == [b"P"]:
                 region.poison_outputs(n)
             if name != "candidate":
                 # As the coordinator writes the candidate's, after its poison: the same cache state for both.
-                region.fill_inputs(chosen)
+                region.fill_inputs(chosen, variants, noise)
         else:
             calls = [(reference, [], sets[i].reference_kwargs()) for i in chosen]
         timing.begin(name)
@@ -275,7 +291,8 @@ class CandidateBuffers:
         self.poisoned = region.sets[0].new_outputs(guarded=False)
         for arr in self.poisoned.values():
             poison(arr)
-        self.written: set[int] = set()
+        self.written: set[int] = set()  # sets whose own inputs (not a variant) were last written
+        self.staging: dict[str, np.ndarray] = {}
 
     def poison(self, n: int) -> None:
         _transfer(self.pid, [(self.poisoned[name].ctypes.data, *self.region.address(("out", b, name)))
@@ -286,13 +303,23 @@ class CandidateBuffers:
                              for b in range(n) for name in self.names], write=False)
         return self.local[:n]
 
-    def write_inputs(self, chosen: list[int]) -> None:
-        """The inputs of the sets of the next batch, written into the stopped candidate right before it runs: it
-        never holds an input before the call that is timed on it."""
-        fresh = sorted(set(chosen))
-        _transfer(self.pid, [(arr.ctypes.data, *self.region.address(("in", i, name)))
-                             for i in fresh for name, arr in self.region.sets[i].inputs.items()], write=True)
-        self.written.update(fresh)
+    def write_inputs(self, chosen: list[int], variants: list[int], noise: dict[str, np.ndarray]) -> None:
+        """The inputs of the sets of the next batch (each as its variant), written into the stopped candidate right
+        before it runs: it never holds an input before the call that is timed on it."""
+        plain = [(arr.ctypes.data, *self.region.address(("in", i, name)))
+                 for i, v in zip(chosen, variants, strict=True) if not v
+                 for name, arr in self.region.sets[i].inputs.items()]
+        _transfer(self.pid, plain, write=True)
+        for i, v in zip(chosen, variants, strict=True):
+            if v:
+                for name, arr in self.region.sets[i].inputs.items():
+                    staged = arr
+                    if name in noise:
+                        staged = self.staging.setdefault(name, np.empty_like(arr))
+                        variants_mod.vary_into(staged, arr, noise[name], v)
+                    _transfer(self.pid, [(staged.ctypes.data, *self.region.address(("in", i, name)))], write=True)
+        for i, v in zip(chosen, variants, strict=True):
+            (self.written.discard if v else self.written.add)(i)
 
     def inputs_modified(self) -> list[str]:
         modified = set()
@@ -320,6 +347,8 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     workers: dict[str, Worker] = {}
     regions: dict[str, Region] = {}
     candidate_omp: int | None = None
+    noise: dict[str, np.ndarray] = {}
+    seed = job.get("variant_seed")
     for name in names:
         if name != "candidate" and not sets[0].inputs:
             for s in sets:  # the trusted workers get them by inheritance; the candidate never had the chance
@@ -327,9 +356,10 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             if data_fd is not None:
                 os.close(data_fd)
                 data_fd = None
+            noise.update(_noise(sets[0], seed))
         region = Region(sets, buffers) if name != "reference" else None
         workers[name] = fork_worker(name, workers, (out.fd, progress.fd, data_fd),
-                                    functools.partial(_serve, name, job, region, sets, timing))
+                                    functools.partial(_serve, name, job, region, sets, timing, noise))
         if region is not None:
             regions[name] = region
         try:
@@ -347,6 +377,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             candidate_omp = int(ready[1]) or None
     for s in sets if not sets[0].inputs else ():  # a profile of the candidate alone
         s.load()
+    noise = noise or _noise(sets[0], seed)
     expected = {os.getpid(), *(w.pid for w in workers.values())}
     isolated = bool(job.get("pid_namespace"))
     candidate = CandidateBuffers(regions["candidate"], workers["candidate"].pid)
@@ -371,20 +402,24 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         """This target's primitives for the protocol (kope_mcp/runtime/measurement.py): a worker process per
         implementation, resumed for one batch at a time; the candidate's buffers reached from outside it."""
 
+        variants = seed is not None  # every repeated call on a variant of its set (runtime/variants.py)
+
         def poison(self, name: str, n: int) -> None:
             if name == "candidate":
                 candidate.poison(n)  # from outside: its own code could not be trusted to do it
             elif name in regions:
                 poison_next.add(name)  # a trusted worker poisons its own buffers (they are not ours to write)
 
-        def run(self, name: str, chosen: list[int]) -> float:
+        def run(self, name: str, chosen: list[int], variants: list[int] | None = None) -> float:
             worker = workers[name]
+            varied = variants or [0] * len(chosen)
             if isolated and _other_processes(expected):
                 raise ForkedError(name)
             if name == "candidate":
-                candidate.write_inputs(chosen)
+                candidate.write_inputs(chosen, varied, noise)
                 usage.before()
-            reply = worker.ask("S " + ",".join(map(str, chosen)) + (" P" if name in poison_next else ""))
+            reply = worker.ask("S " + ",".join(map(str, chosen)) + " " + ",".join(map(str, varied))
+                               + (" P" if name in poison_next else ""))
             poison_next.discard(name)
             if reply[0] != "D" or len(reply) != 3:
                 raise WorkerDied(worker)
@@ -404,10 +439,11 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             timing.mark("M")
 
     schedule = Schedule(time_cap_s=float(job["time_cap_s"]), sample_target_s=float(job.get("sample_target_s", 0.002)),
-                        min_rounds=int(job.get("min_rounds", 7)), max_rounds=int(job.get("max_rounds", 5000)))
+                        min_rounds=int(job.get("min_rounds", 7)), max_rounds=int(job.get("max_rounds", 5000)),
+                        checked_variants=variants_mod.CHECKED)
     try:
         measured = measure(Processes(), names, len(sets), buffers, schedule,
-                           Consistency(job["consistency_atol"], job["consistency_rtol"]), phase)
+                           Consistency(job["consistency_atol"], job["consistency_rtol"], _poisoned), phase)
         if isolated and _other_processes(expected):
             raise ForkedError("candidate")
         inputs_modified = candidate.inputs_modified()
@@ -429,7 +465,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         return {"fatal": "crash", "message": f"the coordinator cannot reach the candidate's buffers ({exc}); "
                                              "a kernel that unmapped or protected them?"}
     _end(workers)
-    for outputs in measured.anchor_outputs():
+    for outputs in [*measured.anchor_outputs(), *measured.variant_outputs()]:
         for name in sets[0].output_meta:
             out.array(outputs[name])
     return {
@@ -442,6 +478,23 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         "inputs_modified": inputs_modified,
         "omp_threads": candidate_omp,
     }
+
+
+def _noise(first: InputSet, seed: int | None) -> dict[str, np.ndarray]:
+    """Each float input's noise for this profile's variants (none without a seed: the variants are off)."""
+    if seed is None:
+        return {}
+    return {name: variants_mod.noise(int(seed), name, arr.size).astype(arr.dtype)
+            for name, arr in first.inputs.items() if variants_mod.varies(arr)}
+
+
+def _poisoned(arr: np.ndarray) -> bool:
+    """Any element still holding the poison's bits: a call that left part of its output unwritten."""
+    if arr.dtype.itemsize == 4:
+        return bool(np.any(arr.view(np.uint32) == POISON_BITS))
+    if arr.dtype.itemsize == 8:
+        return bool(np.any(arr.view(np.uint64) == POISON_BITS_64))
+    return False
 
 
 def _end(workers: dict[str, Worker]) -> None:

@@ -26,7 +26,10 @@ target can decide it differently:
   and a call that skips work leaves poison); every timed call of the candidate is read back; the first call on a
   set is kept (it goes back to be judged against the float64 reference by the workbench) and every later call on
   that set must agree with it (:class:`Consistency`), so a kernel exact on the calls that are judged and cheap on
-  the others is caught.
+  the others is caught. On a device that supports them, every call after the first on a set (of the candidate and
+  the baseline alike) runs on a fresh **variant** of the set instead (:mod:`kope_mcp.runtime.variants`), so no
+  result can be replayed however small the pool; a few of the candidate's variant calls, drawn after the fact,
+  go back to be judged against the reference on the same variant.
 
 Only the standard library and numpy: it runs inside the sandbox, in the child that coordinates the workers.
 """
@@ -54,9 +57,11 @@ class Device(Protocol):
         baseline that never had it poisoned ran 1-2% slower than the identical candidate on vector_add and
         softmax). The candidate's must be poisoned by a path its kernel does not control."""
 
-    def run(self, name: str, chosen: list[int]) -> float:
+    def run(self, name: str, chosen: list[int], variants: list[int] | None = None) -> float:
         """Run ``name`` once per entry of ``chosen`` (call j on set ``chosen[j]``, into output buffer j) and
-        return seconds per call by the device's clock; raise to end the measurement (a crash, tampering)."""
+        return seconds per call by the device's clock; raise to end the measurement (a crash, tampering).
+        ``variants`` (only for a device whose ``variants`` attribute is true): call j runs on variant
+        ``variants[j]`` of its set (:mod:`kope_mcp.runtime.variants`), 0 for the set itself."""
 
     def read(self, n: int) -> list[dict[str, np.ndarray]]:
         """The candidate's first ``n`` output buffers as the last batch left them (by a path the kernel does not
@@ -73,6 +78,7 @@ class Schedule:
     max_inner: int = 10_000
     ratio_ci_goal: float = 0.015
     noisy_cap_factor: float = 3.0
+    checked_variants: int = 2  # variant calls of the candidate judged against the reference (variants.CHECKED)
 
 
 def median_ci95(values: np.ndarray) -> tuple[float, float]:
@@ -112,13 +118,40 @@ def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
 class Consistency:
     """Every timed call of a kernel must write all of its fresh outputs and agree with its own first result
     on the same inputs: a kernel that skips work when an output is 'already written', or replays a cached
-    result for the wrong inputs, leaves poison or a different answer in some call's buffer."""
+    result for the wrong inputs, leaves poison or a different answer in some call's buffer. A call on a variant
+    of a set (its inputs changed, so no first result to agree with) must leave no poison, and a few of them,
+    drawn after the fact, go back to be judged against the reference (``kept_variants``)."""
 
-    def __init__(self, atol: float, rtol: float) -> None:
+    def __init__(self, atol: float, rtol: float, unwritten: Callable[[np.ndarray], bool] | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         self.atol, self.rtol = atol, rtol
         self.anchor: dict[int, dict[str, np.ndarray]] = {}
         self.bad_calls = 0
         self.first_problem: str | None = None
+        self.unwritten = unwritten
+        self.rng = rng or np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+        self.kept_variants: list[tuple[int, int, dict[str, np.ndarray]]] = []
+        self.variant_calls = 0
+
+    def check_variant(self, set_index: int, variant: int, outputs: dict[str, np.ndarray], call: int,
+                      keep: int) -> None:
+        """Reservoir-sample ``keep`` variant calls (every one equally likely, whatever the kernel knows)."""
+        self.variant_calls += 1
+        for name, arr in outputs.items():
+            if self.unwritten is not None and self.unwritten(arr):
+                self.bad_calls += 1
+                if self.first_problem is None:
+                    self.first_problem = f"timed call {call} on a variant of input set {set_index}: {name} was not " \
+                                         "fully written (poison left)"
+                return
+        slot = len(self.kept_variants) if len(self.kept_variants) < keep else \
+            int(self.rng.integers(self.variant_calls))
+        if slot < keep:
+            kept = (set_index, variant, {k: v.copy() for k, v in outputs.items()})
+            if slot == len(self.kept_variants):
+                self.kept_variants.append(kept)
+            else:
+                self.kept_variants[slot] = kept
 
     def check(self, set_index: int, outputs: dict[str, np.ndarray], call: int) -> None:
         anchor = self.anchor.get(set_index)
@@ -154,15 +187,27 @@ class SetStream:
         self.used = 0
         self.repeated = 0
 
-    def take(self, n: int) -> list[int]:
-        chosen = []
+    def take(self, n: int, vary: bool = False) -> tuple[list[int], list[int]]:
+        """The next ``n`` sets, and for each the variant to run it on: 0 (the set itself) on its first call, a
+        fresh positive id on every later one when ``vary``."""
+        chosen: list[int] = []
+        variants: list[int] = []
         for _ in range(n):
             if not self.pending:
                 self.pending = [int(i) for i in self.rng.permutation(self.count)]
-            chosen.append(self.pending.pop())
-            self.repeated += self.used >= self.count
+            pick = len(self.pending) - 1
+            # With variants, a batch never holds one set twice: a device keeps one copy of a set's inputs per batch.
+            while vary and pick >= 0 and self.pending[pick] in chosen:
+                pick -= 1
+            if pick < 0:
+                self.pending = [int(i) for i in self.rng.permutation(self.count)] + self.pending
+                pick = next(k for k in range(self.count - 1, -1, -1) if self.pending[k] not in chosen)
+            chosen.append(self.pending.pop(pick))
+            repeat = self.used >= self.count
+            self.repeated += repeat
+            variants.append(int(self.rng.integers(1, 1 << 62)) if vary and repeat else 0)
             self.used += 1
-        return chosen
+        return chosen, variants
 
     def would_repeat(self, n: int, enforce: bool) -> bool:
         return enforce and self.used + n > self.count
@@ -184,6 +229,10 @@ class Measured:
     def checked_sets(self) -> list[int]:
         return sorted(self.checks.anchor)
 
+    def variant_outputs(self) -> list[dict[str, np.ndarray]]:
+        """The kept variant calls' outputs, in :meth:`result`'s ``checked_variants`` order (after the anchors')."""
+        return [outputs for _, _, outputs in self.checks.kept_variants]
+
     def anchor_outputs(self) -> list[dict[str, np.ndarray]]:
         """The first call's outputs on each set the candidate ran on, in :attr:`checked_sets` order: every later
         call on the same set was checked against them, so they speak for all of it."""
@@ -194,7 +243,9 @@ class Measured:
         return {"checked_sets": self.checked_sets, "candidate_calls": self.candidate_calls,
                 "repeated_calls": self.repeated_calls, "inner": self.inner, "rounds": self.rounds,
                 "seconds": self.seconds, "inconsistent_calls": self.checks.bad_calls,
-                "inconsistency": self.checks.first_problem}
+                "inconsistency": self.checks.first_problem,
+                "checked_variants": [[i, v] for i, v, _ in self.checks.kept_variants],
+                "variant_calls": self.checks.variant_calls}
 
 
 def measure(device: Device, names: list[str], set_count: int, buffers: int, schedule: Schedule,
@@ -204,14 +255,18 @@ def measure(device: Device, names: list[str], set_count: int, buffers: int, sche
     and "measure" as they begin."""
     streams = {name: SetStream(set_count, np.random.default_rng(int.from_bytes(os.urandom(16), "little")))
                for name in names}
+    vary = bool(getattr(device, "variants", False))
 
     def sample(name: str, n: int) -> float:
         device.poison(name, n)
-        chosen = streams[name].take(n)
-        seconds = device.run(name, chosen)
+        chosen, variants = streams[name].take(n, vary and name != "reference")
+        seconds = device.run(name, chosen, variants) if vary else device.run(name, chosen)
         if name == "candidate":
-            for j, (index, outputs) in enumerate(zip(chosen, device.read(n), strict=True)):
-                checks.check(index, outputs, j)
+            for j, (index, variant, outputs) in enumerate(zip(chosen, variants, device.read(n), strict=True)):
+                if variant:
+                    checks.check_variant(index, variant, outputs, j, schedule.checked_variants)
+                else:
+                    checks.check(index, outputs, j)
         return seconds
 
     phase("warmup")
@@ -220,7 +275,7 @@ def measure(device: Device, names: list[str], set_count: int, buffers: int, sche
         single = max(sample(name, 1), 1e-7)
         inner[name] = max(1, min(schedule.max_inner, math.ceil(schedule.sample_target_s / single)))
         if name != "reference":
-            inner[name] = min(inner[name], buffers)
+            inner[name] = min(inner[name], buffers, set_count if vary else buffers)
     samples: dict[str, list[float]] = {name: [] for name in names}
     fresh_rounds = set_count >= inner["candidate"] * (schedule.min_rounds + 1)
     phase("measure")

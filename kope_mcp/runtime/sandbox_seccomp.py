@@ -12,7 +12,8 @@ Two filters, stacked:
 - **A worker's own** (:func:`confine_to_self`), which a profile's coordinator loads into each implementation's
   process after forking it and before its library is loaded (constructors run under it): signals only to its own
   pid, no reaching another process's memory, and no ``F_SETOWN``/``FIOSETOWN`` (the kernel would deliver SIGIO, or
-  any signal ``F_SETSIG`` names, to another process with this process's credentials). The workers of one profile
+  any signal ``F_SETSIG`` names, to another process with this process's credentials); a CPU profile's workers
+  create no process either (only threads, whose CPU time is the process's). The workers of one profile
   share a uid, and a root server's coordinator must keep reaching the candidate's memory, so per-worker identities
   would cost the check of every timed call; the filter gives the separation instead, in both modes.
 

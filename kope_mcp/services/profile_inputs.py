@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kope_mcp.runtime.variants import varied
 from kope_mcp.services.references import PoolRule, ReferenceRunner
-from kope_mcp.targets.native_runner import PreparedCase
+from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.tasks.loader import Task
 
 #: Inputs and outputs of all sets together, in each implementation's memory.
@@ -83,3 +84,19 @@ def draw_profile_inputs(task: Task, references: ReferenceRunner, device_class: s
             count = pool_size(set_bytes(task, inputs, profile.sizes), time.thread_time() - t0, device_class)
         sets.append(PreparedCase(f"{profile.name}#{len(sets)}", profile.sizes, inputs))
     return ProfileInputs(sets, expected, time.perf_counter() - start)
+
+
+def variant_references(task: Task, outcome: HarnessOutcome,
+                       sets: list[PreparedCase]) -> list[tuple[PreparedCase, list[np.ndarray]]]:
+    """The variant calls a profile kept (runtime/variants.py), each with its inputs rebuilt from the set, the
+    variant and the profile's seed, and the float64 reference on them: what the candidate's outputs of those calls
+    are judged against. Only a trusted task's (the server runs its reference here); [] otherwise."""
+    if outcome.variant_seed is None or not outcome.variants or not task.trusted:
+        return []
+    judged = []
+    for index, variant in outcome.variants:
+        case = sets[index]
+        inputs = varied(case.inputs, variant, outcome.variant_seed)
+        judged.append((PreparedCase(f"{case.name}~{variant:x}", case.sizes, inputs),
+                       task.run_reference(inputs, case.sizes)))
+    return judged

@@ -39,7 +39,9 @@ FAILURE_NEXT_STEPS: dict[str, str] = {
 
 
 def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase], expected: list[list[np.ndarray]],
-                    profile: CaseSpec | None = None) -> tuple[ProfileFailure | None, str]:
+                    profile: CaseSpec | None = None,
+                    variants: list[tuple[PreparedCase, list[np.ndarray]]] | None = None,
+                    ) -> tuple[ProfileFailure | None, str]:
     """Why a profile is not a measurement (wrong or crashing at the profiling size, ...), or (None, "").
 
     Wrong outputs come before unverified timings: they were read back by the coordinator whatever the timing
@@ -62,14 +64,19 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
                                          f"at the profiling size {sizes}: inputs are read-only")
     names = [a.name for a in task.outputs()]
     checked = checked_sets(outcome.result, len(sets)) if outcome.outputs else []
-    for index, got in zip(checked, outcome.outputs, strict=True):
-        case, exp = sets[index], expected[index]
+    judged = [(sets[i], expected[i], False) for i in checked] + [(c, e, True) for c, e in variants or []]
+    for (case, exp, varied), got in zip(judged, outcome.outputs, strict=True):
         result, failure = judge_case(case.name, case.sizes, got, exp, names,
                                      task.spec.tolerance_for(profile or task.spec.profile), [])
         if failure is not None:
             where = (f"; {result.mismatches} element(s) wrong, first at flat index {result.first_bad_index} of "
                      f"{result.first_bad_output!r} (expected {result.expected}, got "
                      f"{'NaN' if result.got is None else result.got})") if result.mismatches else ""
+            if varied:
+                return "wrong_at_profile_size", (
+                    f"a timed call at the profiling size {sizes} on a variant of an input set it had run before (every "
+                    f"input scaled element by element) does not match the reference{where}: a kernel must compute "
+                    "every call from its inputs (no result kept from an earlier call, whatever it is keyed by)")
             return "wrong_at_profile_size", (
                 f"the outputs of timed calls at the profiling size {sizes} do not match the reference"
                 f"{where}; the small test cases passed, so look for size-dependent paths")

@@ -46,7 +46,7 @@ from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.fair_slot import FairSlot
 from kope_mcp.services.gpu_verdicts import gpu_clock_warnings, gpu_suspect_reasons
 from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
-from kope_mcp.services.profile_inputs import draw_profile_inputs
+from kope_mcp.services.profile_inputs import draw_profile_inputs, variant_references
 from kope_mcp.services.references import ReferenceRunner
 from kope_mcp.services.stats import paired_speedup, ratio_spread, summarize
 from kope_mcp.services.verdicts import (
@@ -402,7 +402,8 @@ class Workbench(WorkbenchDevices):
                 "baseline is broken at its profiling size (tell whoever maintains the task)")
         queueing = {"device": record.target, "waited_s": round(wait, 3), "device_share": round(slot.share(client), 3)}
         base_key, pin = measured.baseline_key, measured.pinned_cpu
-        failure, message = profile_failure(task, outcome, sets, expected, profile)
+        failure, message = profile_failure(task, outcome, sets, expected, profile,
+                                           variants=variant_references(task, outcome, sets))
         if failure is not None:
             report = ProfileReport(
                 kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),

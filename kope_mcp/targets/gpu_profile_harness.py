@@ -315,7 +315,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         def poison(self, name: str, n: int) -> None:
             poison_next.add(name)
 
-        def run(self, name: str, chosen: list[int]) -> float:
+        def run(self, name: str, chosen: list[int], variants: list[int] | None = None) -> float:
             worker = workers[name]
             if isolated and _other_processes(expected):
                 raise ForkedError(name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 import struct
 import subprocess
 import sys
@@ -65,6 +66,10 @@ class HarnessOutcome:
     stdout_tail: str = ""
     stderr_tail: str = ""
     uid: int | None = None
+    # A profile's variants (runtime/variants.py): the seed the server drew (None: off), and the (set, variant)
+    # of each variant call whose outputs follow the anchors' in ``outputs``.
+    variant_seed: int | None = None
+    variants: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,16 @@ def _split_result(data: bytes) -> tuple[bytes, dict[str, Any]]:
     if not isinstance(trailer, dict):
         raise TrailerError("the result trailer is not an object")
     return data[:-16 - length], trailer
+
+
+def checked_variants(result: dict[str, Any], count: int) -> list[tuple[int, int]]:
+    """The (set, variant) of each variant call whose outputs a profile returned after the anchors'."""
+    listed = result.get("checked_variants", [])
+    if not isinstance(listed, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p) and 0 <= p[0] < count
+            and 0 < p[1] < 1 << 62 for p in listed):
+        raise TrailerError("the result's checked variants are malformed")
+    return [(int(i), int(v)) for i, v in listed]
 
 
 def checked_sets(result: dict[str, Any], count: int) -> list[int]:
@@ -365,6 +380,9 @@ class NativeRunner:
             "consistency_atol": consistency[0],
             "consistency_rtol": consistency[1],
             "min_rounds": MIN_ROUNDS,
+            # Repeated calls on variants of their sets, which the server can judge only with a reference of its
+            # own (a task's code that must run in the sandbox cannot be called here on the variant).
+            "variant_seed": secrets.randbits(62) if task.trusted else None,
         }
         env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1) if openmp else "1"}
         if openmp:
@@ -373,6 +391,7 @@ class NativeRunner:
             env["OMP_WAIT_POLICY"] = "passive"
         outcome, raw = self._run(job, sets, task, wall_s, env, libraries, timing_cpu=timing_cpu,
                                  harness="kope_mcp.runtime.harness_profile")
+        outcome.variant_seed = job["variant_seed"]
         return _with_checked_outputs(outcome, raw, task, sets)
 
     def profile_gpu(self, task: Task, libraries: dict[str, Path], sets: list[PreparedCase], *, kind: str,
@@ -397,6 +416,8 @@ def _with_checked_outputs(outcome: HarnessOutcome, raw: bytes, task: Task, sets:
     if outcome.status == "ok" or (outcome.status == "unverified" and raw):
         try:
             checked = [sets[i] for i in checked_sets(outcome.result, len(sets))]
+            outcome.variants = checked_variants(outcome.result, len(sets)) if outcome.variant_seed is not None else []
+            checked += [sets[i] for i, _ in outcome.variants]
             outcome.outputs = _unpack_outputs(raw, task, checked, len(checked))
         except TrailerError as exc:
             if outcome.status == "ok":

@@ -165,9 +165,11 @@ def profiled(bench: Workbench) -> dict[str, tuple[str, ProfileReport]]:
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_every_door_to_work_before_the_clock_is_shut(profiled, bench, name):
     kernel_id, report = profiled[name]
-    # Wrong (the door was open) would be wrong_at_profile_size; an honest measurement of the same loop is not a win.
+    # Wrong (the door was open) would be wrong_at_profile_size; the loop it runs instead is measured for what it is,
+    # within what code placement gives the baseline's own loop here (0.96-1.31x, test_forgeries.TRICK_PAYS).
     assert report.failure is None, (name, report.failure, report.message)
-    assert bench.store.attempt(kernel_id).label != "effective" or not bench.store.attempt(kernel_id).teaches
+    assert (report.speedup_vs_baseline or 0) < 1.5, report
+    assert bench.store.attempt(kernel_id).correct
 
 
 def test_a_run_cannot_fill_the_hosts_memory_through_its_folders(bench):
@@ -208,3 +210,45 @@ def test_a_baseline_that_fails_leaves_the_candidate_unmeasured_and_unblamed(tmp_
         assert record.correct and record.label == "unmeasured" and record.speedup is None, record
     finally:
         bench.store.close()
+
+
+# Results kept by the content of 64 sampled inputs, on the task whose profile draws the fewest sets (two 64 MiB
+# sets: every implementation runs each many times). With the check of old (a repeat must reproduce the first
+# result on its set) it replayed from the second round; every repeat now runs on a variant of its set.
+REPLAY = """#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#define SLOTS 4
+static uint64_t keys[SLOTS]; static float *vals[SLOTS]; static int64_t lens[SLOTS]; static int used, next;
+void kernel(const float *x, float *y, int64_t n) {
+    uint64_t key = 1469598103934665603ull;
+    for (int64_t i = 0; i < 64 && n > 0; i++) {
+        uint32_t v; memcpy(&v, x + (i * 7919) % n, 4); key = (key ^ v) * 1099511628211ull;
+    }
+    for (int s = 0; s < used; s++)
+        if (keys[s] == key && lens[s] == n) { memcpy(y, vals[s], (size_t)n * 4); return; }
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    }
+    if (n < 1000000) return;
+    int s = used < SLOTS ? used++ : next++ % SLOTS;
+    free(vals[s]); vals[s] = malloc((size_t)n * 4);
+    if (!vals[s]) { used = s; return; }
+    memcpy(vals[s], y, (size_t)n * 4); keys[s] = key; lens[s] = n;
+}
+"""
+
+
+def test_a_cache_keyed_by_content_replays_nothing_on_the_smallest_pool(bench):
+    compiled = bench.compile_kernel("gelu", REPLAY, strategy="attack: replay by content", flags=["-O2"])
+    assert compiled.ok, compiled.log
+    assert bench.run_tests(compiled.kernel_id).passed
+    report = bench.profile_kernel(compiled.kernel_id)
+    assert report.failure is None, (report.failure, report.message)
+    assert report.repeated_calls > 0, report  # the pool is small: sets come round again, as variants
+    # Its honest path is the baseline's loop: no replay, no gain.
+    assert (report.speedup_vs_baseline or 0) < 1.5, report
+    record = bench.store.attempt(compiled.kernel_id)
+    assert record.label != "effective" or not record.teaches, record

@@ -72,11 +72,12 @@ FORGERIES = {
                                                                  + " }"), ["-O2"]),
     "subsampled_reduction": ("mse_loss", MSE_HEAD + MSE_SIGNATURE + "    if (n < 100000) {" + MSE_EXACT
                              + "    return; }\n" + MSE_EVERY_8TH + "}\n", ["-O2"]),
-    # Exact whenever it can tell it is tested: its parent is the sandbox's init then, the profile's coordinator when
-    # timed (its CPU mask no longer tells: run_tests pins it as a profile does); cheap after its first timed calls.
+    # Exact whenever it can tell it is tested: a profile's other workers are processes of the run (its parent no
+    # longer tells: the coordinator is pid 1 like a test run's init; nor its CPU mask: run_tests pins it as a
+    # profile does); cheap after its first timed calls.
     "timed_run_detection": ("mse_loss", MSE_HEAD + MSE_SIGNATURE + """
-    if (!(getppid() != 1 && n >= 100000 && calls++ > 2)) {""" + MSE_EXACT + "    return; }\n" + MSE_EVERY_8TH + "}\n",
-                            ["-O2"]),
+    if (!(access("/proc/3", F_OK) == 0 && n >= 100000 && calls++ > 2)) {""" + MSE_EXACT + "    return; }\n"
+                            + MSE_EVERY_8TH + "}\n", ["-O2"]),
     # Raw pthreads on a CPU mask it widened itself, without -fopenmp.
     "thread_escape": ("matmul", """#include <pthread.h>
 #include <stdint.h>
@@ -137,8 +138,9 @@ void kernel(const float *A, const float *B, float *C, int64_t M, int64_t N, int6
 """ + rows("0", "M") + "    if (reached) C[0] += 1.0f;\n}\n"
 FORGERIES["neighbour_demotion"] = ("matmul", NEIGHBOUR_DEMOTION, ["-O2"])
 
-# Computes every profile set's result at load time, from the input files the sandbox can read, then replays them
-# (recomputing a third of the rows, so that no rate looks implausible). Loading is never timed.
+# Computes every profile set's result at load time, from the input files the sandbox could read, then replays them
+# (recomputing a third of the rows, so that no rate looks implausible). Loading is never timed. Against the
+# protocol of old it was caught only by its untimed CPU; the pool is no file now (test_before_the_clock.py).
 AHEAD_OF_TIME = """#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,12 +260,13 @@ def test_a_kernel_cannot_reschedule_the_processes_it_is_compared_with(outcomes, 
         assert bench.store.attempt(kernel_id).label == "incorrect"
 
 
-def test_results_computed_where_nothing_is_timed_make_the_result_suspect(outcomes, bench):
+def test_results_computed_at_load_have_no_inputs_to_be_computed_from(outcomes, bench):
     kernel_id, tested, profiled = outcomes["ahead_of_time"]
     assert tested.passed
     assert profiled is not None and profiled.failure is None, profiled
-    assert profiled.suspect and any("outside its timed calls" in r for r in profiled.suspect_reasons), profiled
-    assert not bench.store.attempt(kernel_id).teaches
+    assert not clean_win(profiled), profiled  # it found no pool to compute ahead: the naive loop, measured
+    record = bench.store.attempt(kernel_id)
+    assert record.label != "effective" or not record.teaches, record
 
 
 def test_the_baselines_own_code_moved_around_is_never_effective(bench):

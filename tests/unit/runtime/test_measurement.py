@@ -22,7 +22,7 @@ class ScriptedClock:
     def poison(self, name: str, n: int) -> None:
         pass
 
-    def run(self, name: str, chosen: list[int]) -> float:
+    def run(self, name: str, chosen: list[int], variants: list[int] | None = None) -> float:
         time.sleep(self.step_s)
         return 0.001 * float(np.exp(self.rng.normal(0.0, self.noise)))
 

@@ -194,3 +194,25 @@ def test_a_scratch_folder_is_private_to_the_server(tmp_path):
     with Scratch(tmp_path / "scratch") as s:
         assert stat.S_IMODE(s.path.stat().st_mode) == 0o700
         assert stat.S_IMODE(s.run.stat().st_mode) == 0o700
+
+
+@needs_sandbox
+def test_a_kernels_run_has_size_capped_memory_folders_and_a_compile_keeps_its_host_folder(scratch):
+    if not capabilities().sized_tmpfs:
+        pytest.skip("this bubblewrap cannot size a tmpfs")
+    cap = 8 * 1024**2
+    fill = "for f in /tmp/a /tmp/b ./c ./d; do head -c 6291456 /dev/zero > $f || echo full $f; done; ls"
+    run = sh(scratch, fill, limits=SandboxLimits(wall_seconds=20, cpu_seconds=20, scratch_bytes=cap),
+             private_run=True)
+    # 6 MiB fit in 8, twice 6 do not: in /tmp and in the run's own folder, each capped as a whole.
+    assert "full /tmp/b" in run.stdout_tail and "full ./d" in run.stdout_tail, run.stdout_tail
+    assert "full /tmp/a" not in run.stdout_tail and "full ./c" not in run.stdout_tail
+    assert not any(scratch.run.iterdir())  # the host's run folder was never the kernel's
+    compiled = sh(scratch, "echo product > ./out.o")
+    assert compiled.returncode == 0 and (scratch.run / "out.o").exists()
+
+
+@needs_sandbox
+def test_a_reaching_run_is_its_namespaces_pid_1(scratch):
+    assert sh(scratch, "echo $$", reaching=True).stdout_tail.strip() == "1"
+    assert sh(scratch, "echo $$").stdout_tail.strip() != "1"  # others run under bubblewrap's reaper

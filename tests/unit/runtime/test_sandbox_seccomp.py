@@ -7,6 +7,7 @@ import errno
 import os
 import signal
 import socket
+import threading
 
 import pytest
 
@@ -18,13 +19,13 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _F_SETOWN = 8
 
 
-def _in_confined_child(check) -> int:
+def _in_confined_child(check, *, spawn: bool = True) -> int:
     """Run ``check`` in a forked child after confine_to_self; its exit status (0: every expectation held)."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            sandbox_seccomp.confine_to_self(sandbox_seccomp.worker_program())
+            sandbox_seccomp.confine_to_self(sandbox_seccomp.worker_program(spawn=spawn))
             code = check()
         finally:
             os._exit(code)
@@ -51,6 +52,44 @@ def test_a_confined_worker_signals_itself_but_not_its_parent():
         # The kernel reads a pid_t: a value equal to this pid only in its lower half is refused, not let through.
         failures += _errno_of(lambda: _libc.syscall(62, ctypes.c_long(parent | (1 << 32)), 0)) != errno.EPERM
         return min(failures, 1)
+
+    assert _in_confined_child(check) == 0
+
+
+def test_a_profile_worker_starts_threads_but_no_process_of_its_own():
+    clone_vm, sigchld = 0x100, 17
+
+    def check() -> int:
+        failures = 0
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            failures += exc.errno != errno.EPERM
+        else:
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            failures += 1
+        # clone(CLONE_VM) without CLONE_THREAD: a helper sharing the memory whose CPU time is not the process's.
+        # (A null stack: were it allowed, the child would fault at once, never run on in this process.)
+        if os.uname().machine == "x86_64":  # clone is syscall 56 there
+            failures += _errno_of(lambda: _libc.syscall(56, clone_vm | sigchld, 0, 0, 0, 0)) != errno.EPERM
+        ran = []
+        thread = threading.Thread(target=lambda: ran.append(1))
+        thread.start()
+        thread.join()
+        return min(failures + (ran != [1]), 1)
+
+    assert _in_confined_child(check, spawn=False) == 0
+
+
+def test_a_test_runs_worker_may_still_fork_so_the_fork_is_reported_not_hidden():
+    def check() -> int:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        return 0
 
     assert _in_confined_child(check) == 0
 

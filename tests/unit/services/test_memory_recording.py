@@ -33,9 +33,11 @@ def test_step_ratio_label_and_downstream_follow_the_measurements(workbench, sess
     store = workbench.store
     naive, fast = store.attempt(session["naive"]), store.attempt(session["fast"])
     assert naive.step_ratio == pytest.approx(naive.speedup)  # a root is measured against the naive baseline
-    assert fast.step_ratio == pytest.approx(fast.speedup / naive.speedup)
+    # A suspect parent (the baseline's own code is) is no base: the step is then measured from the naive baseline.
+    base = 1.0 if naive.suspect else naive.speedup
+    assert fast.step_ratio == pytest.approx(fast.speedup / base)
     # Labels come from the interval: the speedup's CI over the predecessor's speedup.
-    fast_interval = (fast.speedup_ci_low / naive.speedup, fast.speedup_ci_high / naive.speedup)
+    fast_interval = (fast.speedup_ci_low / base, fast.speedup_ci_high / base)
     assert fast.label == label_for(True, True, fast.step_ratio, fast_interval)
     assert naive.label == label_for(True, True, naive.step_ratio, (naive.speedup_ci_low, naive.speedup_ci_high))
     children = store.successors(session["naive"])
