@@ -415,6 +415,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             varied = variants or [0] * len(chosen)
             if isolated and _other_processes(expected):
                 raise ForkedError(name)
+            progress.mark(f"run {name}")  # who was running, should the whole run be ended (native_runner)
             if name == "candidate":
                 candidate.write_inputs(chosen, varied, noise)
                 usage.before()

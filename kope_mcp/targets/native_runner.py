@@ -147,6 +147,12 @@ def _progress_lines(fd: int) -> list[str]:
 
 
 def _classify_death(run: SandboxResult, progress: list[str]) -> tuple[Status, str, str | None]:
+    # A profile's coordinator marks which implementation it resumed for each batch ("run NAME"); the workers
+    # cannot write to this descriptor, so a run that ends while a trusted one runs is not the candidate's doing.
+    runs = [line.split(" ", 1)[1] for line in progress if line.startswith("run ")]
+    progress = [line for line in progress if not line.startswith("run ")]
+    if runs and runs[-1] != "candidate" and run.timed_out:
+        return "baseline_failed", f"the {runs[-1]} was {run.describe()} during the profile", None
     last = progress[-1].split(" ", 2) if progress else []
     running = last[2] if len(last) == 3 and last[0] == "start" else (last[0] if last and last[0] in
                                                                        ("warmup", "measure") else None)
