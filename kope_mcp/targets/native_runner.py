@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 import kope_mcp
-from kope_mcp.runtime import sandbox_seccomp
+from kope_mcp.runtime import sandbox_seccomp, variants
 from kope_mcp.runtime.harness import TRAILER_MAGIC
 from kope_mcp.runtime.sandbox import (
     SandboxLimits,
@@ -272,7 +272,8 @@ class NativeRunner:
                 run = run_sandboxed(
                     [runtime.executable, "-S", "-B", "-m", harness, scratch.inside(job_path)],
                     scratch=scratch,
-                    limits=self._limits(wall_s, gpu is not None, _result_bytes(task, cases)),
+                    limits=self._limits(wall_s, gpu is not None, _result_bytes(task, cases) + (
+                        variants.CHECKED * _result_bytes(task, cases[:1]) if job["mode"] == "profile" else 0)),
                     env=env,
                     pass_fds=tuple(fds.values()),
                     reaching=job["mode"] == "profile",  # the coordinator reads the stopped candidate's buffers
