@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,10 +10,23 @@ import pytest
 
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.settings import KopeSettings
-from kope_mcp.tasks.registry import TaskRegistry
+from kope_mcp.tasks.registry import SUITE_DIR, TaskRegistry
 
 # A daemon started by a test (stdio clients share the home through one) must not outlive the run for long.
 os.environ.setdefault("KOPE_DAEMON_IDLE_S", "20")
+
+
+def vector_add_with_baseline(root: Path, task_id: str, baseline_c: str) -> TaskRegistry:
+    """A registry holding only the suite's vector_add, renamed ``task_id``, with ``baseline_c`` as its C baseline
+    (its GPU baselines removed): a task whose baseline a test controls."""
+    folder = root / "tasks" / task_id
+    shutil.copytree(SUITE_DIR / "vector_add", folder)
+    for extra in ("baseline.cu", "baseline_triton.py"):
+        (folder / extra).unlink()
+    (folder / "baseline.c").write_text(baseline_c)
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace('id = "vector_add"', f'id = "{task_id}"', 1))
+    return TaskRegistry([folder.parent])
 
 
 def make_settings(home: Path, embeddings: bool = False) -> KopeSettings:

@@ -8,7 +8,6 @@ test fails the day the door opens again, whoever runs it (root, or an ordinary u
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from kope_mcp.errors import BaselineFailedError
 from kope_mcp.models import ProfileReport
 from kope_mcp.runtime.sandbox import capabilities
 from kope_mcp.services.workbench import Workbench
-from kope_mcp.tasks.registry import SUITE_DIR, TaskRegistry
-from tests.conftest import VECTOR_ADD_OK, make_settings
+from kope_mcp.tasks.registry import TaskRegistry
+from tests.conftest import VECTOR_ADD_OK, make_settings, vector_add_with_baseline
 from tests.integrity.test_tricks import matmul_rows as rows
 
 pytestmark = [pytest.mark.skipif(not capabilities().isolated, reason="kernels run only in the sandbox"),
@@ -193,14 +192,8 @@ void kernel(const float *a, const float *b, float *out, int64_t n) {
 
 
 def test_a_baseline_that_fails_leaves_the_candidate_unmeasured_and_unblamed(tmp_path: Path):
-    folder = tmp_path / "tasks" / "vector_add_broken"
-    shutil.copytree(SUITE_DIR / "vector_add", folder)
-    for extra in ("baseline.cu", "baseline_triton.py"):
-        (folder / extra).unlink()
-    (folder / "baseline.c").write_text(BASELINE_ABORTS)
-    toml = folder / "task.toml"
-    toml.write_text(toml.read_text().replace('id = "vector_add"', 'id = "vector_add_broken"', 1))
-    bench = Workbench(make_settings(tmp_path / "home"), TaskRegistry([folder.parent]))
+    bench = Workbench(make_settings(tmp_path / "home"),
+                      vector_add_with_baseline(tmp_path, "vector_add_broken", BASELINE_ABORTS))
     try:
         compiled = bench.compile_kernel("vector_add_broken", VECTOR_ADD_OK, strategy="honest")
         assert bench.run_tests(compiled.kernel_id).passed

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from kope_mcp.runtime.harness import POISON_BITS
 from kope_mcp.services.workbench import Workbench
-from kope_mcp.tasks.registry import SUITE_DIR, TaskRegistry
-from tests.conftest import VECTOR_ADD_OK, make_settings
+from tests.conftest import VECTOR_ADD_OK, make_settings, vector_add_with_baseline
 
 # A baseline that refuses to run on an output buffer nobody poisoned: the bits the coordinator writes into the
 # candidate's buffers before every batch must be in the baseline's too, or the two start each call from different
@@ -27,14 +25,8 @@ void kernel(const float *a, const float *b, float *out, int64_t n) {{
 
 
 def test_the_baselines_output_buffers_are_poisoned_before_every_timed_call_like_the_candidates(tmp_path: Path):
-    folder = tmp_path / "tasks" / "vector_add_checked"
-    shutil.copytree(SUITE_DIR / "vector_add", folder)
-    for extra in ("baseline.cu", "baseline_triton.py"):
-        (folder / extra).unlink()
-    (folder / "baseline.c").write_text(BASELINE_THAT_CHECKS)
-    toml = folder / "task.toml"
-    toml.write_text(toml.read_text().replace('id = "vector_add"', 'id = "vector_add_checked"', 1))
-    bench = Workbench(make_settings(tmp_path / "home"), TaskRegistry([folder.parent]))
+    bench = Workbench(make_settings(tmp_path / "home"),
+                      vector_add_with_baseline(tmp_path, "vector_add_checked", BASELINE_THAT_CHECKS))
     try:
         compiled = bench.compile_kernel("vector_add_checked", VECTOR_ADD_OK, strategy="same as the baseline")
         assert compiled.ok, compiled.log
