@@ -284,14 +284,17 @@ def _other_processes(mine: set[int]) -> list[int]:
 class CandidateBuffers:
     """The coordinator's side of the candidate's output buffers: poison them, read them back."""
 
-    def __init__(self, region: Region, pid: int) -> None:
+    def __init__(self, region: Region, pid: int, *, filled_at_load: bool = True) -> None:
+        """``filled_at_load``: the worker copied every set's inputs in at load (a GPU profile's); else they are
+        written batch by batch (:meth:`write_inputs`) and only those are checked for writes."""
         self.region, self.pid = region, pid
         self.names = list(region.sets[0].output_meta)
         self.local = [region.sets[0].new_outputs(guarded=False) for _ in range(region.buffers)]
         self.poisoned = region.sets[0].new_outputs(guarded=False)
         for arr in self.poisoned.values():
             poison(arr)
-        self.written: set[int] = set()  # sets whose own inputs (not a variant) were last written
+        # Sets whose own inputs (not a variant's) the candidate holds.
+        self.written: set[int] = set(range(len(region.sets))) if filled_at_load else set()
         self.staging: dict[str, np.ndarray] = {}
 
     def poison(self, n: int) -> None:
@@ -334,7 +337,7 @@ class CandidateBuffers:
 
 def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel,
                 timing: Channel) -> dict[str, Any]:
-    data_fd = job["fds"].get("inputs")
+    data_fd = job.get("fds", {}).get("inputs")
     sets = [InputSet(c, job["args"], folder, kernels_see_these=False, data_fd=data_fd, load=False)
             for c in job["cases"]]
     names = [*job["libraries"], *(["reference"] if job.get("task_folder") else [])]
@@ -380,7 +383,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     noise = noise or _noise(sets[0], seed)
     expected = {os.getpid(), *(w.pid for w in workers.values())}
     isolated = bool(job.get("pid_namespace"))
-    candidate = CandidateBuffers(regions["candidate"], workers["candidate"].pid)
+    candidate = CandidateBuffers(regions["candidate"], workers["candidate"].pid, filled_at_load=False)
     usage = CpuUsage(workers["candidate"].pid, cpu)
     # The trusted workers' scheduling as the coordinator set it up: a candidate runs as the same identity and could
     # renice, re-pin or demote them (SCHED_IDLE made an unchanged kernel 1.65x -> 4.19x). Checked after every

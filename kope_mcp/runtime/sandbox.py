@@ -339,5 +339,29 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> bool:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    # The run's pid 1 first (bubblewrap's child, in a session of its own): killed, it takes its whole namespace
+    # along. bubblewrap's --die-with-parent does not reach a pid 1 that is the command itself (--as-pid-1) once it
+    # changed identity (setpriv: the kernel clears the parent-death signal), and a profile's coordinator is one.
+    for child in _children(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except (OSError, ValueError):
+        pass
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    if int(fh.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found

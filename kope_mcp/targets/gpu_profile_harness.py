@@ -264,7 +264,7 @@ class ThreadLeft(Exception):
 
 def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: Channel,
                 timing: Channel) -> dict[str, Any]:
-    sets = [InputSet(c, job["args"], folder, kernels_see_these=False, data_fd=job["fds"].get("inputs"))
+    sets = [InputSet(c, job["args"], folder, kernels_see_these=False, data_fd=job.get("fds", {}).get("inputs"))
             for c in job["cases"]]
     names = list(job["libraries"])
     _dumpable(False)

@@ -389,7 +389,7 @@ class NativeRunner:
             "min_rounds": MIN_ROUNDS,
             # Repeated calls on variants of their sets, which the server can judge only with a reference of its
             # own (a task's code that must run in the sandbox cannot be called here on the variant).
-            "variant_seed": secrets.randbits(62) if task.trusted else None,
+            "variant_seed": secrets.randbits(62) if task.trusted and task.spec.profile.variants else None,
         }
         env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1) if openmp else "1"}
         if openmp:

@@ -115,6 +115,10 @@ class CaseSpec(BaseModel):
                                           "values that break a naive formula (exp overflow, a large mean).")
     tolerance: dict[DType, Tolerance] | None = Field(None, description="This case's tolerance, when it differs "
                                                       "from the task's (a float32 sum over 16M elements).")
+    variants: bool = Field(True, description="A profile at this size times repeated calls on variants of their "
+                           "input sets (runtime/variants.py). False where an honest float32 kernel's accuracy "
+                           "depends on the inputs' exact distribution: a serial sum of 16M uniform [0, 1) values "
+                           "rounds without bias, of the same values scaled by 0.5-1x 2% low.")
     outliers: int = Field(0, ge=0, le=64, description="Float inputs of at least 1,024 elements carry this many "
                           "outliers at random positions (see tasks/structure.py): a kernel that reads a subsample "
                           "misses some of them and is wrong by far more than the tolerance.")

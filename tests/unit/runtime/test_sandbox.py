@@ -4,6 +4,7 @@ import fcntl
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,28 @@ def test_a_kernels_run_has_size_capped_memory_folders_and_a_compile_keeps_its_ho
 def test_a_reaching_run_is_its_namespaces_pid_1(scratch):
     assert sh(scratch, "echo $$", reaching=True).stdout_tail.strip() == "1"
     assert sh(scratch, "echo $$").stdout_tail.strip() != "1"  # others run under bubblewrap's reaper
+
+
+@needs_sandbox
+@pytest.mark.parametrize("reaching", [False, True])
+def test_a_run_ended_at_its_wall_clock_leaves_no_process_whoever_is_its_pid_1(scratch, reaching):
+    marker = 86_400 + int(reaching) + os.getpid() % 1000 * 10  # a sleep length no other process here uses
+    run = sh(scratch, f"sleep {marker} & sleep {marker}", limits=SandboxLimits(wall_seconds=1.5, cpu_seconds=20),
+             reaching=reaching)
+    assert run.timed_out
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _sleepers(marker):
+        time.sleep(0.1)
+    assert not _sleepers(marker)
+
+
+def _sleepers(marker: int) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if fh.read().split(b"\0")[:2] == [b"sleep", str(marker).encode()]:
+                    found.append(entry)
+        except OSError:
+            continue
+    return found
