@@ -146,10 +146,12 @@ def _progress_lines(fd: int) -> list[str]:
     return read_memory_file(fd, _PROGRESS_CAP).decode("utf-8", errors="replace").splitlines()
 
 
-def _classify_death(run: SandboxResult, progress: list[str]) -> tuple[Status, str, str | None]:
-    # A profile's coordinator marks which implementation it resumed for each batch ("run NAME"); the workers
-    # cannot write to this descriptor, so a run that ends while a trusted one runs is not the candidate's doing.
-    runs = [line.split(" ", 1)[1] for line in progress if line.startswith("run ")]
+def _classify_death(run: SandboxResult, progress: list[str], *,
+                    profile: bool = False) -> tuple[Status, str, str | None]:
+    # A profile's coordinator marks which implementation it resumed for each batch ("run NAME"); its workers
+    # cannot write to this descriptor, so a run that ends while a trusted one runs is not the candidate's doing. A
+    # test run's kernel shares its process with the descriptor: no such line of it is believed.
+    runs = [line.split(" ", 1)[1] for line in progress if line.startswith("run ")] if profile else []
     progress = [line for line in progress if not line.startswith("run ")]
     if runs and runs[-1] != "candidate" and run.timed_out:
         return "baseline_failed", f"the {runs[-1]} was {run.describe()} during the profile", None
@@ -292,7 +294,7 @@ class NativeRunner:
                     raw, trailer = _split_result(read_memory_file(result_fd, 1 << 40))
                 except TrailerError:
                     outcome.status, outcome.message, outcome.failed_case = _classify_death(
-                        run, _progress_lines(progress_fd))
+                        run, _progress_lines(progress_fd), profile=job["mode"] == "profile")
                     if run.stderr_tail.strip():
                         outcome.message += f". stderr: {run.stderr_tail.strip()[-800:]}"
                     return outcome, b""
