@@ -275,7 +275,7 @@ def measure(device: Device, names: list[str], set_count: int, buffers: int, sche
         single = max(sample(name, 1), 1e-7)
         inner[name] = max(1, min(schedule.max_inner, math.ceil(schedule.sample_target_s / single)))
         if name != "reference":
-            inner[name] = min(inner[name], buffers, set_count if vary else buffers)
+            inner[name] = min(inner[name], buffers, *([set_count] if vary else []))
     samples: dict[str, list[float]] = {name: [] for name in names}
     fresh_rounds = set_count >= inner["candidate"] * (schedule.min_rounds + 1)
     phase("measure")
