@@ -7,7 +7,7 @@ from kope_mcp.models import ArgumentInfo, CaseInfo, TargetSignature, TaskDetail,
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.targets.base import TargetStatus
 from kope_mcp.tasks.registry import FAMILIES
-from kope_mcp.tasks.spec import C_TYPES
+from kope_mcp.tasks.spec import C_TYPES, CaseSpec
 
 
 def list_tasks(workbench: Workbench, family: str | None = None, level: int | None = None) -> TaskList:
@@ -71,10 +71,7 @@ def describe_task(workbench: Workbench, task_id: str) -> TaskDetail:
         tolerance=[ToleranceInfo(dtype=d, atol=t.atol, rtol=t.rtol) for d, t in spec.tolerance.items()],
         profile_tolerance=[ToleranceInfo(dtype=d, atol=t.atol, rtol=t.rtol)
                            for d, t in spec.tolerance_for(spec.profile).items()],
-        profile_inputs=(f"fresh random inputs each profile; float inputs of 1,024+ elements carry "
-                        f"{spec.profile.outliers} outliers of large magnitude at random positions (every element "
-                        "counts: a subsample misses them)" if spec.profile.outliers else
-                        "fresh random inputs each profile, as in the cases"),
+        profile_inputs=profile_inputs(spec.profile),
         flops=str(spec.flops),
         bytes=str(spec.bytes),
         reference_source=task.reference_source,
@@ -90,3 +87,19 @@ def describe_task(workbench: Workbench, task_id: str) -> TaskDetail:
             if name != "c" and (signature := target.signature(task)) is not None
         ],
     )
+
+
+def profile_inputs(case: CaseSpec) -> str:
+    """What a kernel should know about the inputs at the profiling size: the structure that makes every element
+    count (tasks/structure.py), stated so that an honest kernel is never surprised by it."""
+    parts = ["fresh random inputs each profile"]
+    if case.sparse:
+        parts.append(f"float inputs of 1,024+ elements hold a value in one element of {case.sparse} (the same "
+                     "positions in every float input of that shape) and exactly 0.0 elsewhere")
+    if case.outliers:
+        parts.append(f"the first carries {case.outliers} outlier(s) of large magnitude at random positions")
+    if case.sparse or case.outliers:
+        parts.append("every element counts: a subsample misses them; every element still has to be read")
+        return "; ".join(parts)
+    return "fresh random inputs each profile, as in the cases"
+

@@ -6,7 +6,7 @@ odd (never a multiple of a vector width): the case holds 1/8 to 1/4 of the profi
 order of magnitude at a fraction of its cost (run_tests runs the float64 reference there too), and well above
 every published case. Smaller sizes (channels, a kernel's window) stay as profiled. The seed is fresh per run and
 reported, so a failure can be reproduced, and ``get_task`` never lists these sizes. The case keeps the profiling
-case's value ranges, outliers and tolerance.
+case's value ranges, sparse support, outliers and tolerance.
 """
 
 from __future__ import annotations
@@ -30,4 +30,5 @@ def draw_case(spec: TaskSpec, seed: int) -> CaseSpec:
     label = "x".join(str(sizes[n]) for n in spec.profile.sizes)
     return CaseSpec(name=f"drawn_{label}", sizes=sizes, ranges=spec.profile.ranges, tolerance=spec.profile.tolerance,
                     outliers=spec.profile.outliers, outlier_magnitude=spec.profile.outlier_magnitude,
+                    sparse=spec.profile.sparse,
                     note=f"drawn for this run near the profiling size (seed {seed})")

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from kope_mcp.errors import InvalidTaskError
 from kope_mcp.tasks.expr import ExpressionError
 from kope_mcp.tasks.spec import ArgSpec, CaseSpec, TaskSpec, ValueRange
-from kope_mcp.tasks.structure import place_outliers
+from kope_mcp.tasks.structure import MIN_ELEMENTS, place_outliers, sparsify, support
 
 TASK_FILE = "task.toml"
 REFERENCE_FILE = "reference.py"
@@ -47,15 +47,15 @@ class Task:
 
     def make_inputs(self, sizes: dict[str, int], seed: int,
                     ranges: dict[str, ValueRange] | None = None, outliers: int = 0,
-                    outlier_magnitude: float | None = None) -> dict[str, np.ndarray]:
+                    outlier_magnitude: float | None = None, sparse: int = 0) -> dict[str, np.ndarray]:
         """Seeded inputs for every ``in`` argument (the task's own generator when it has one); ``ranges`` (a
-        case's) replace an argument's own [low, high); ``outliers`` (a case's) are placed as structure.py says."""
+        case's) replace an argument's own [low, high); ``sparse`` and ``outliers`` (a case's) are structure.py's."""
         if not self.trusted:
             raise RuntimeError(f"task {self.id!r} is not the package's: its inputs are made in the sandbox")
         ranges = ranges or {}
         rng = np.random.default_rng(seed)
         inputs: dict[str, np.ndarray] = {}
-        placed = False
+        drawn: list[tuple[np.ndarray, float, float]] = []
         if self.generate_fn is not None:
             inputs = {k: np.ascontiguousarray(v) for k, v in self.generate_fn(rng, **sizes).items()}
         for arg in self.spec.args:
@@ -75,15 +75,32 @@ class Task:
                 arr = rng.uniform(low, high, size=shape).astype(arg.dtype)
             else:
                 arr = rng.integers(int(low), int(high), size=shape, dtype=arg.dtype)
-            if outliers and not placed and arr.dtype.kind == "f":
-                # In the first float input only: outliers in two inputs could cancel in a difference.
-                placed = place_outliers(arr, outliers, max(abs(low), abs(high)), rng, outlier_magnitude)
             inputs[arg.name] = np.ascontiguousarray(arr)
+            if arr.dtype.kind == "f":
+                drawn.append((inputs[arg.name], low, high))
+        self._structure(drawn, rng, outliers, outlier_magnitude, sparse)
         return inputs
 
+    @staticmethod
+    def _structure(drawn: list[tuple[np.ndarray, float, float]], rng: np.random.Generator, outliers: int,
+                   magnitude: float | None, sparse: int) -> None:
+        """The sparse support and the outliers of structure.py, on the float inputs drawn from a range."""
+        large = [entry for entry in drawn if entry[0].size >= MIN_ELEMENTS]
+        if not large:
+            return
+        first, low, high = large[0]
+        kept = support(first.size, sparse, rng)
+        if kept is not None:
+            # One support for every input of the first one's shape: a difference of two inputs is zero off it.
+            sparsify([arr for arr, _, _ in large if arr.shape == first.shape], kept)
+        if outliers:
+            # In the first float input only: outliers in two inputs could cancel in a difference.
+            sign = 1.0 if low >= 0 else -1.0 if high <= 0 else None
+            place_outliers(first, outliers, max(abs(low), abs(high)), rng, magnitude, kept, sign)
+
     def case_inputs(self, case: CaseSpec, seed: int) -> dict[str, np.ndarray]:
-        """The inputs of one run of ``case`` (its sizes, value ranges and outliers)."""
-        return self.make_inputs(case.sizes, seed, case.ranges, case.outliers, case.outlier_magnitude)
+        """The inputs of one run of ``case`` (its sizes, value ranges, sparse support and outliers)."""
+        return self.make_inputs(case.sizes, seed, case.ranges, case.outliers, case.outlier_magnitude, case.sparse)
 
     def call_arguments(self, inputs: dict[str, np.ndarray], sizes: dict[str, int]) -> dict[str, Any]:
         """Keyword arguments for ``reference``: every argument that is not an output."""

@@ -124,7 +124,12 @@ class CaseSpec(BaseModel):
                           "misses some of them and is wrong by far more than the tolerance.")
     outlier_magnitude: float | None = Field(None, gt=0, description="Their typical magnitude (each is drawn within "
                                             "a factor 2 of it); default: the input's range x sqrt(elements / "
-                                            "outliers), about half of a sum of squares.")
+                                            "outliers), about half of a sum of squares (elements: those of the "
+                                            "sparse support when there is one).")
+    sparse: int = Field(0, ge=0, le=1 << 20, description="Float inputs of at least 1,024 elements hold a value in "
+                        "one element of `sparse`, at random positions shared by every float input of that shape, "
+                        "and exactly zero elsewhere (see tasks/structure.py): an honest float32 sum over millions "
+                        "of elements stays within the task's own tolerance, a subsample does not. 0: dense.")
 
 
 class TaskSpec(BaseModel):

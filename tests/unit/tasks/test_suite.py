@@ -94,7 +94,7 @@ def test_the_baseline_is_correct_at_the_profiling_size(workbench, task_id):
     build = workbench.targets["c"].compile_baseline(task)
     assert build.artifact is not None, build.log
     profile = task.spec.profile
-    inputs = task.make_inputs(profile.sizes, task.case_seed(profile, 0), profile.ranges)
+    inputs = task.case_inputs(profile, task.case_seed(profile, 0))  # with its sparse support and outliers
     case = PreparedCase(profile.name, profile.sizes, inputs)
     outcome = workbench.targets["c"].runner.run_tests(task, build.artifact, [case], 120.0, openmp=False)
     assert outcome.status == "ok", outcome.message
