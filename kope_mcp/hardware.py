@@ -122,8 +122,20 @@ def probe_compiler(name: str) -> CompilerInfo:
 
 
 _bandwidth_lock = threading.Lock()
-_bandwidth_best_gbps = 0.0
+_bandwidth_best_gbps = 0.0  # the memory probe's (MEMORY_PROBE_BYTES)
+_bandwidth_by_size: dict[int, float] = {}  # the smaller probes', by footprint in bytes
 _bandwidth_file: Path | None = None
+
+# The probes' footprints: a working set of at least ROOF_MIN_BYTES is bounded by the probe of the largest power of
+# two not above it (a smaller footprint streams at least as fast, so the bound errs towards the kernel), and one of
+# MEMORY_PROBE_BYTES or more by the memory probe. What a footprint streams at depends on the machine's caches and
+# the share of them this process gets, so it is measured, not derived from cache sizes: here (32 MiB L3) a
+# just-written 16 MiB moved at 76-86 GB/s and 64 MiB or more at 31-35, a vectorised C sum reached 0.6-1.1x the
+# probe at every size, and the suite's baselines at -O3 -march=native 1.25x at most (tools/bench_roof.py). Below
+# 4 MiB (L1, L2) a kernel's
+# time is mostly its calls' overhead and the loads a core can issue vary most: no bound.
+ROOF_MIN_BYTES = 4 << 20
+MEMORY_PROBE_BYTES = 256 << 20
 
 
 def keep_bounds_in(path: Path) -> None:
@@ -133,25 +145,44 @@ def keep_bounds_in(path: Path) -> None:
     global _bandwidth_file, _bandwidth_best_gbps
     with _bandwidth_lock:
         _bandwidth_file = path
-        _bandwidth_best_gbps = max(_bandwidth_best_gbps, _stored_bandwidth(path))
+        stored = _stored_bandwidth(path)
+        _bandwidth_best_gbps = max(_bandwidth_best_gbps, stored.pop(MEMORY_PROBE_BYTES, 0.0))
+        for size, gbps in stored.items():
+            _bandwidth_by_size[size] = max(_bandwidth_by_size.get(size, 0.0), gbps)
 
 
-def _stored_bandwidth(path: Path) -> float:
+def probe_bytes(footprint: int | None) -> int:
+    """The footprint of the probe that bounds a working set of ``footprint`` bytes (None: memory)."""
+    if footprint is None or footprint >= MEMORY_PROBE_BYTES:
+        return MEMORY_PROBE_BYTES
+    return max(ROOF_MIN_BYTES, 1 << (max(1, footprint).bit_length() - 1))
+
+
+def _stored_bandwidth(path: Path) -> dict[int, float]:
     try:
-        value = json.loads(path.read_text()).get(detect_hardware().key, {}).get("stream_gbps", 0.0)
-    except (OSError, ValueError, AttributeError):
-        return 0.0
-    return float(value) if isinstance(value, int | float) and 0 < value < 1e5 else 0.0
+        entry = json.loads(path.read_text()).get(detect_hardware().key, {})
+        found = {MEMORY_PROBE_BYTES: entry.get("stream_gbps", 0.0)}
+        found.update({int(k): v for k, v in entry.get("stream_gbps_by_bytes", {}).items()})
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+    return {k: float(v) for k, v in found.items() if isinstance(v, int | float) and 0 < v < 1e5 and k > 0}
 
 
-def _store_bandwidth(path: Path, gbps: float) -> None:
+def _store_bandwidth(path: Path, size: int, gbps: float) -> None:
     try:
         data = json.loads(path.read_text()) if path.is_file() else {}
         if not isinstance(data, dict):
             data = {}
     except (OSError, ValueError):
         data = {}
-    data[detect_hardware().key] = {"stream_gbps": round(gbps, 3)}
+    entry = data.get(detect_hardware().key)
+    entry = entry if isinstance(entry, dict) else {}
+    if size == MEMORY_PROBE_BYTES:
+        entry["stream_gbps"] = round(gbps, 3)
+    else:
+        by_size = entry.get("stream_gbps_by_bytes")
+        entry["stream_gbps_by_bytes"] = {**(by_size if isinstance(by_size, dict) else {}), str(size): round(gbps, 3)}
+    data[detect_hardware().key] = entry
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(data, indent=1))
@@ -160,41 +191,49 @@ def _store_bandwidth(path: Path, gbps: float) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def streaming_bandwidth_gbps(*, again: bool = False) -> float:
-    """The fastest single-thread memory stream this process has measured, in GB/s: a read of 256 MiB (a max
-    reduction) or a copy (read + write bytes).
+def streaming_bandwidth_gbps(*, again: bool = False, footprint: int | None = None) -> float:
+    """The fastest single-thread stream this process has measured over a working set of ``footprint`` bytes
+    (``probe_bytes``; None: 256 MiB, memory on most machines), in GB/s: a read (a max reduction) or a copy of half
+    of it into the other half (read + write bytes).
 
     A busy machine only makes a probe slower, so the best seen so far is the bound; ``again`` probes once more
     (before a result above the bound is called suspect: the first probe may have run while tests or builds
     shared the memory bus). A plain copy alone understates what a read-only stream reaches by ~20-35% here
     (write-allocate traffic is not counted), which flagged honest reductions as beyond the roofline.
-    Best of five of each: neighbours on a shared machine slow single probes by a third.
+    Best of several of each: neighbours on a shared machine slow single probes by a third.
     """
     global _bandwidth_best_gbps
+    size = probe_bytes(footprint)
     with _bandwidth_lock:
-        if _bandwidth_best_gbps and not again:
-            return _bandwidth_best_gbps
+        best = _bandwidth_best_gbps if size == MEMORY_PROBE_BYTES else _bandwidth_by_size.get(size, 0.0)
+        if best and not again:
+            return best
         import time
 
         import numpy as np
 
-        src = np.ones(64 * 1024**2, dtype=np.float32)
-        dst = np.empty_like(src)
+        src = np.ones(size // 4, dtype=np.float32)
+        half = src[: src.size // 2]
+        dst = np.empty_like(half) if size == MEMORY_PROBE_BYTES else src[src.size // 2:]
         best_read = best_copy = float("inf")
-        for _ in range(5):
+        for _ in range(max(8, min(64, MEMORY_PROBE_BYTES // size))):
             t0 = time.perf_counter()
             src.max()
             t1 = time.perf_counter()
-            np.copyto(dst, src)
+            np.copyto(dst, half)
             t2 = time.perf_counter()
             best_read, best_copy = min(best_read, t1 - t0), min(best_copy, t2 - t1)
-        measured = max(src.nbytes / best_read, 2 * src.nbytes / best_copy) / 1e9
+        measured = max(src.nbytes / best_read, 2 * half.nbytes / best_copy) / 1e9
         if _bandwidth_file is not None:
-            _bandwidth_best_gbps = max(_bandwidth_best_gbps, _stored_bandwidth(_bandwidth_file))
-        if measured > _bandwidth_best_gbps and _bandwidth_file is not None:
-            _store_bandwidth(_bandwidth_file, measured)
-        _bandwidth_best_gbps = max(_bandwidth_best_gbps, measured)
-        return _bandwidth_best_gbps
+            best = max(best, _stored_bandwidth(_bandwidth_file).get(size, 0.0))
+            if measured > best:
+                _store_bandwidth(_bandwidth_file, size, measured)
+        best = max(best, measured)
+        if size == MEMORY_PROBE_BYTES:
+            _bandwidth_best_gbps = best
+        else:
+            _bandwidth_by_size[size] = best
+        return best
 
 
 def peak_gflops(profile: HardwareProfile, threads: int) -> float:

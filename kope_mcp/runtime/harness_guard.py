@@ -67,6 +67,7 @@ class CpuUsage:
         self.cpu_s = self.wall_s = 0.0
         self._mark = self._started = 0.0
         self.widened = False
+        self.warmup_cpu_s = 0.0
 
     def _ticks(self) -> float:
         """The process's CPU time in seconds: its POSIX CPU clock (ns, every thread, ended ones included). The
@@ -85,6 +86,8 @@ class CpuUsage:
             return self._mark
 
     def reset(self) -> None:
+        """The measured batches begin: what the windows used so far was the warm-up call's."""
+        self.warmup_cpu_s = self.cpu_s
         self.cpu_s = self.wall_s = 0.0
 
     def untimed(self) -> float:

@@ -385,6 +385,9 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     isolated = bool(job.get("pid_namespace"))
     candidate = CandidateBuffers(regions["candidate"], workers["candidate"].pid, filled_at_load=False)
     usage = CpuUsage(workers["candidate"].pid, cpu)
+    # The naive baseline's own load and warm-up, measured the same way in the same run: what the candidate's
+    # untimed CPU is compared with, on this machine at this moment, rather than with a fixed allowance.
+    baseline_usage = CpuUsage(workers["baseline"].pid, None) if "baseline" in workers else None
     # The trusted workers' scheduling as the coordinator set it up: a candidate runs as the same identity and could
     # renice, re-pin or demote them (SCHED_IDLE made an unchanged kernel 1.65x -> 4.19x). Checked after every
     # candidate sample (it runs only then); any change ends the measurement.
@@ -422,6 +425,8 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             if name == "candidate":
                 candidate.write_inputs(chosen, varied, noise)
                 usage.before()
+            elif name == "baseline" and baseline_usage is not None:
+                baseline_usage.before()
             reply = worker.ask("S " + ",".join(map(str, chosen)) + " " + ",".join(map(str, varied))
                                + (" P" if name in poison_next else ""))
             poison_next.discard(name)
@@ -430,6 +435,8 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
             if name == "candidate":
                 usage.after()
                 check_neighbours()
+            elif name == "baseline" and baseline_usage is not None:
+                baseline_usage.after()
             return (int(reply[2]) - int(reply[1])) / 1e9 / len(chosen)
 
         def read(self, n: int) -> list[dict[str, np.ndarray]]:
@@ -438,6 +445,8 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
     def phase(name: str) -> None:
         if name == "measure":
             usage.reset()
+            if baseline_usage is not None:
+                baseline_usage.reset()
         progress.mark(name)
         if name == "measure":
             timing.mark("M")
@@ -453,6 +462,7 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         inputs_modified = candidate.inputs_modified()
         escaped = usage.escaped_mask()
         untimed = usage.untimed()
+        baseline_untimed = baseline_usage.untimed() if baseline_usage is not None else None
     except ForkedError:
         _end(workers)
         return {"fatal": "fork", "case": sets[0].name}
@@ -478,6 +488,10 @@ def run_profile(job: dict[str, Any], folder: Path, out: ResultWriter, progress: 
         "window_seconds": round(usage.wall_s, 6),
         "cpu_mask_widened": escaped,
         "untimed_cpu_seconds": round(untimed, 6),
+        "warmup_cpu_seconds": round(usage.warmup_cpu_s, 6),
+        **({"baseline_untimed_cpu_seconds": round(baseline_untimed, 6),
+            "baseline_warmup_cpu_seconds": round(baseline_usage.warmup_cpu_s, 6)}
+           if baseline_usage is not None and baseline_untimed is not None else {}),
         "cpus": sorted(os.sched_getaffinity(0)),
         "inputs_modified": inputs_modified,
         "omp_threads": candidate_omp,

@@ -245,3 +245,29 @@ def test_a_cache_keyed_by_content_replays_nothing_on_the_smallest_pool(bench):
     assert (report.speedup_vs_baseline or 0) < 1.5, report
     record = bench.store.attempt(compiled.kernel_id)
     assert record.label != "effective" or not record.teaches, record
+
+
+# Work where nothing is timed, with nothing to compute ahead from (the inputs arrive with the call timed on them):
+# CPU spent at load, or in the first (untimed) call, is still measured against the naive baseline's loading in the
+# same run and the kernel's own typical call (services/verdicts.py), and such a result is never taught.
+SPIN = "static void spin(double s) { volatile double x = 0; for (long i = 0; i < (long)(s * 4e8); i++) x += i; }\n"
+UNTIMED = {
+    "spins_at_load": "#include <stdint.h>\n" + SPIN + "__attribute__((constructor)) static void ahead(void) "
+                     "{ spin(0.4); }\nvoid kernel(const float *A, const float *B, float *C, int64_t M, int64_t N, "
+                     "int64_t K) {\n" + rows("0", "M") + "}\n",
+    "spins_in_the_first_call": "#include <stdint.h>\n" + SPIN + "static int calls;\nvoid kernel(const float *A, "
+                               "const float *B, float *C, int64_t M, int64_t N, int64_t K) {\n    if (!calls++) "
+                               "spin(0.4);\n" + rows("0", "M") + "}\n",
+}
+
+
+@pytest.mark.parametrize("name", list(UNTIMED))
+def test_work_at_load_or_in_the_first_call_is_measured_against_the_baselines_and_never_taught(bench, name):
+    compiled = bench.compile_kernel("matmul", UNTIMED[name], strategy=f"untimed: {name}", flags=["-O2"])
+    assert compiled.ok, compiled.log
+    assert bench.run_tests(compiled.kernel_id).passed
+    report = bench.profile_kernel(compiled.kernel_id)
+    assert report.failure is None, report
+    said = "loading the kernel's library" if name == "spins_at_load" else "first (untimed) call"
+    assert report.suspect and any(said in r for r in report.suspect_reasons), report.suspect_reasons
+    assert not bench.store.attempt(compiled.kernel_id).teaches
