@@ -57,6 +57,9 @@ class KopeSettings(BaseModel):
     embeddings: bool = Field(True, description="Semantic search with all-MiniLM-L6-v2 (KOPE_EMBEDDINGS=off).")
     selection: str = Field("", description="query_experience's weights: a preset name or a JSON file of "
                            "SelectionConfig fields (KOPE_SELECTION; default: the 'evidence' preset).")
+    remeasure_every_s: float = Field(300.0, ge=0, description="How often the server looks for a noisy result to "
+                                     "measure again while the machine is quiet, in the background (KOPE_REMEASURE_S; "
+                                     "0: never).")
     cluster: str = Field("", description="The Ray cluster whose `kope worker` devices this server dispatches to, "
                          "as HOST:PORT (KOPE_CLUSTER; empty: this machine only, no Ray).")
     cluster_token: str = Field("", description="A file (mode 0600) holding the cluster's Ray auth token "
@@ -85,6 +88,10 @@ class KopeSettings(BaseModel):
         if "KOPE_PROFILE_S" in env:
             values["profile_time_cap_s"] = positive_number("KOPE_PROFILE_S", float, "a positive number of seconds",
                                                            3.0)
+        if "KOPE_REMEASURE_S" in env:
+            text = env["KOPE_REMEASURE_S"].strip()
+            values["remeasure_every_s"] = 0.0 if text == "0" else positive_number(
+                "KOPE_REMEASURE_S", float, "a positive number of seconds, or 0 for never", 300.0)
         values.update(overrides)
         return cls.model_validate(values)
 

@@ -254,6 +254,12 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
         rows = self._rows(f"{match}{clause} RETURN {_SUMMARY_RETURN} ORDER BY {order} LIMIT {int(limit)}", params)
         return [attempt_from_row(row) for row in rows]
 
+    def noisy_attempts(self, limit: int) -> list[AttemptRecord]:
+        """This home's correct, not suspect attempts whose last measurement was too noisy to teach, fastest first
+        (services/remeasure.py measures them again when the machine is quiet)."""
+        return self._summaries("MATCH (a:Attempt)", "a.noisy AND a.ok AND a.correct AND NOT a.suspect AND "
+                               "a.origin = ''", {}, "a.speedup DESC", limit)
+
     def attempts_for_task(self, task_id: str, limit: int) -> list[AttemptRecord]:
         return self._summaries("MATCH (a:Attempt)-[:FOR_TASK]->(t:Task {id: $t})", "", {"t": task_id},
                                "a.downstream DESC", limit)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -120,6 +121,9 @@ class Workbench(WorkbenchDevices):
         # slot goes to the client that used it least lately.
         self._measure_slot = FairSlot()
         self._device_slots: dict[str, FairSlot] = {}  # a cluster device's own slot: its profiles never overlap
+        # When an agent last asked for a profile: the background re-measure (services/remeasure.py) waits until
+        # nobody has for a while, so it is never the neighbour of a session at work.
+        self.last_profile_request = time.monotonic()
         self._expected_cache: dict[tuple[str, str, int], Prepared] = {}
         self._cache_lock = threading.Lock()
         self.references = ReferenceRunner(settings)
@@ -352,7 +356,11 @@ class Workbench(WorkbenchDevices):
 
     # --- profile -------------------------------------------------------------------------------------------
     def profile_kernel(self, kernel_id: str, deterministic: bool = False, time_reference: bool = True,
-                       progress: ProgressFn = _noop, agent: AgentInfo | None = None) -> ProfileReport:
+                       progress: ProgressFn = _noop, agent: AgentInfo | None = None,
+                       background: bool = False) -> ProfileReport:
+        """``background``: the server's own re-measure, which does not count as a request."""
+        if not background:
+            self.last_profile_request = time.monotonic()
         record = self.memory.attempt(kernel_id)
         if not record.ok:
             raise NotCompiledError(f"kernel {kernel_id} did not compile; fix it and call compile_kernel again")

@@ -151,6 +151,7 @@ def test_a_failed_demo_ends_in_one_line_and_names_the_daemon_it_leaves(tmp_path)
     ("KOPE_PROFILE_S", "abc", "a positive number of seconds"), ("KOPE_PROFILE_S", "-1", "a positive number"),
     ("KOPE_MAX_SOURCE_BYTES", "1.5e3", "a positive whole number of bytes"),
     ("KOPE_EMBEDDINGS", "maybe", "not on or off"),
+    ("KOPE_REMEASURE_S", "soon", "a positive number of seconds, or 0 for never"),
 ])
 def test_a_wrong_setting_is_one_line_that_names_it_and_what_is_valid(monkeypatch, capsys, name, value, says):
     monkeypatch.setenv(name, value)
