@@ -34,6 +34,7 @@ import math
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import threading
@@ -64,6 +65,7 @@ from kope_mcp.runtime.sandbox_setup import bwrap_argv as bwrap_argv
 from kope_mcp.runtime.sandbox_setup import capabilities as capabilities
 from kope_mcp.runtime.sandbox_setup import fresh_uid as fresh_uid
 from kope_mcp.runtime.sandbox_setup import identity_prefix as identity_prefix
+from kope_mcp.runtime.sandbox_setup import options_by_fd as options_by_fd
 from kope_mcp.runtime.sandbox_setup import prlimit_prefix as prlimit_prefix
 from kope_mcp.runtime.sandbox_setup import unsafe_opt_out as unsafe_opt_out
 
@@ -173,6 +175,19 @@ class Scratch:
         self.binds[target] = source
         return target
 
+    def stage(self, source: Path, target: str) -> str:
+        """Bind a copy of the file ``source`` read-only at ``target``: a bind shows its source's path in the run's
+        mount table, and a copy in the scratch folder shows only the scratch's neutral one (a build's path names
+        the home). For small files (a kernel's library)."""
+        if not self.isolated:
+            return str(source)
+        staged = self.path / "staged"
+        staged.mkdir(mode=0o755, exist_ok=True)
+        copy = staged / f"{len(self.binds)}{source.suffix}"
+        shutil.copyfile(source, copy)
+        copy.chmod(0o644)
+        return self.place(copy, target)
+
     def inside(self, path: Path) -> str:
         """Where a file of ``inputs`` or ``run`` is seen by the run."""
         for host, seen in ((self.inputs, SANDBOX_INPUTS), (self.run, SANDBOX_RUN)):
@@ -237,16 +252,17 @@ def run_sandboxed(
         assert caps.bwrap is not None
         for path in (*binds, *(gpu.libraries if gpu is not None else ())):
             scratch.place(path)
-        cmd = [*bwrap_argv(caps.bwrap, caps.mode, scratch.uid, binds=scratch.binds,
-                            run_dir=scratch.run, disable_userns=caps.disable_userns, seccomp_fd=filter_fd,
-                            dev_nodes=gpu.nodes if gpu is not None else (),
-                            tmpfs_bytes=limits.scratch_bytes if caps.sized_tmpfs else None,
-                            private_run=private_run and caps.sized_tmpfs, as_pid_1=reaching),
-               *identity_prefix(caps.mode, scratch.uid),
+        bwrap, args_fd = options_by_fd(bwrap_argv(
+            caps.bwrap, caps.mode, scratch.uid, binds=scratch.binds, run_dir=scratch.run,
+            disable_userns=caps.disable_userns, seccomp_fd=filter_fd, dev_nodes=gpu.nodes if gpu is not None else (),
+            tmpfs_bytes=limits.scratch_bytes if caps.sized_tmpfs else None,
+            private_run=private_run and caps.sized_tmpfs, as_pid_1=reaching))
+        pass_fds = (*pass_fds, args_fd)
+        cmd = [*bwrap, *identity_prefix(caps.mode, scratch.uid),
                # bwrap cannot chdir into a folder only the run's uid may enter: the run's own shell does.
                "/bin/sh", "-c", 'cd "$0" && exec "$@"', SANDBOX_RUN, *argv]
     else:
-        cmd = list(argv)
+        cmd, args_fd = list(argv), None
     if caps.rlimits:
         cmd = [*prlimit_prefix(limits), *cmd]
     out_fd, err_fd = memory_file("stdout"), memory_file("stderr")
@@ -258,7 +274,7 @@ def run_sandboxed(
         )
         return finish(proc, limits, start, out_fd, err_fd, scratch.uid)
     finally:
-        for fd in (out_fd, err_fd, filter_fd):
+        for fd in (out_fd, err_fd, filter_fd, args_fd):
             if fd is not None:
                 os.close(fd)
 

@@ -262,6 +262,17 @@ def bwrap_argv(bwrap: str, mode: Mode, uid: int, *, binds: dict[str, Path], run_
     return [*argv, "--"]
 
 
+def options_by_fd(argv: list[str]) -> tuple[list[str], int]:
+    """``argv`` (a :func:`bwrap_argv`) with its options moved into an anonymous file read through ``--args``: the
+    options name host paths (the builds, the interpreter's packages, the scratch folder), and bubblewrap's own
+    command line is what a run reads in /proc/1/cmdline. The caller passes the descriptor and closes it after."""
+    assert argv[-1] == "--"
+    fd = os.memfd_create("kope-bwrap-args", 0)
+    os.write(fd, b"".join(arg.encode() + b"\0" for arg in argv[1:-1]))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return [argv[0], "--args", str(fd), "--"], fd
+
+
 def prlimit_prefix(limits: SandboxLimits) -> list[str]:
     memory = [f"--as={limits.address_space_bytes if limits.address_space_bytes is not None else 'unlimited'}"]
     if limits.data_bytes is not None:

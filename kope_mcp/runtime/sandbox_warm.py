@@ -39,6 +39,7 @@ from kope_mcp.runtime.sandbox import (
     finish,
     identity_prefix,
     memory_file,
+    options_by_fd,
     prlimit_prefix,
 )
 
@@ -68,20 +69,21 @@ class PreparedSandbox:
         filter_fd = sandbox_seccomp.program_fd() if caps.seccomp else None
         argv = bwrap_argv(caps.bwrap, caps.mode, self.scratch.uid, binds=self.scratch.binds,
                           run_dir=self.scratch.run, disable_userns=caps.disable_userns, seccomp_fd=filter_fd)
-        cmd = [*argv[:-1], "--block-fd", str(release_r), "--", *identity_prefix(caps.mode, self.scratch.uid),
-               *_LAUNCHER]
+        bwrap, args_fd = options_by_fd([*argv[:-1], "--block-fd", str(release_r), "--"])
+        cmd = [*bwrap, *identity_prefix(caps.mode, self.scratch.uid), *_LAUNCHER]
         if caps.rlimits:
             cmd = [*prlimit_prefix(limits), *cmd]
         try:
             self.proc = subprocess.Popen(
                 cmd, cwd=self.scratch.run, env=env, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
-                start_new_session=True, pass_fds=(release_r,) if filter_fd is None else (release_r, filter_fd),
-                umask=0o022)
+                start_new_session=True,
+                pass_fds=(release_r, args_fd) if filter_fd is None else (release_r, args_fd, filter_fd), umask=0o022)
         except OSError:
             self.close()
             raise
         finally:
             os.close(release_r)
+            os.close(args_fd)
             if filter_fd is not None:
                 os.close(filter_fd)
 

@@ -243,7 +243,7 @@ class NativeRunner:
         with Scratch(self.scratch_root) as scratch:
             try:
                 job["cases"] = _write_cases(task, cases, scratch.inputs, fds.get("inputs"))
-                job["libraries"] = {name: scratch.place(path, f"/kope/lib/{name}{path.suffix}")
+                job["libraries"] = {name: scratch.stage(path, f"/kope/lib/{name}{path.suffix}")
                                     for name, path in libraries.items()}
                 if job.get("task_folder"):
                     job["task_folder"] = scratch.place(Path(job["task_folder"]), "/kope/task")
