@@ -294,8 +294,8 @@ class ExperienceMemory(MemoryTransfer):
         interval = ratio_interval(report.speedup_vs_baseline_ci95, predecessor, ratio)
         confidence = measurement_confidence(report.speedup_vs_baseline, report.speedup_vs_baseline_ci95, report.noisy)
         label = label_for(True, True, ratio, interval)
-        if report.same_code_as_baseline and label == "effective":
-            label = "partial"  # the baseline's own machine code: a difference measured is placement, not a win
+        if report.same_code_as_baseline:
+            label = "ineffective"  # the baseline's own machine code: a difference measured is placement or noise
         # A win whose whole interval clears the gain threshold is a win however much the rounds varied: on a
         # machine with one busy job per core every honest profile was noisy, and nothing was ever taught. It is
         # taught with its (wide) CI and says it was measured under load; a noisy result of any other label is not.

@@ -41,7 +41,7 @@ def test_a_noisy_win_whose_whole_ci_clears_the_threshold_is_taught_with_its_ci(w
     assert record.step_ratio == 3.0 and record.label == "effective" and record.teaches, record
     assert any("measured under load" in w and "[1.40, 6.00]" in w for w in record.profile_warnings)
     baseline_code = workbench.store.attempt(naive)
-    assert baseline_code.suspect and not baseline_code.teaches
+    assert baseline_code.suspect and not baseline_code.teaches and baseline_code.label == "ineffective"
     session = workbench.store.session(record.session_id)
     assert session.incumbent_id == fast
 
