@@ -117,9 +117,9 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
     from pathlib import Path
 
     from kope_mcp.errors import KopeError
-    from kope_mcp.services.memory import ExperienceMemory
-    from kope_mcp.services.memory_admin import export_memory, home_identity, memory_stats, show_item
-    from kope_mcp.services.memory_recovery import MemoryDamagedError, recover
+    from kope_mcp.memory.admin import export_memory, home_identity, memory_stats, show_item
+    from kope_mcp.memory.experience_memory import ExperienceMemory
+    from kope_mcp.memory.recovery import MemoryDamagedError, recover
 
     try:
         if action == "recover":
@@ -173,8 +173,8 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
 def _import(settings: KopeSettings, export: Any) -> Any:
     """import_into_copy with a bounded page cache; once more without the bound when Kùzu needs more than it (the
     first try changed nothing: imports are all or nothing)."""
-    from kope_mcp.services.memory import ExperienceMemory
-    from kope_mcp.services.memory_admin import home_identity, import_into_copy
+    from kope_mcp.memory.admin import home_identity, import_into_copy
+    from kope_mcp.memory.experience_memory import ExperienceMemory
 
     for cache in (IMPORT_CACHE_BYTES, 0):
         def opener(path: Any, cache: int = cache) -> ExperienceMemory:
@@ -191,7 +191,7 @@ def _import(settings: KopeSettings, export: Any) -> Any:
 
 
 def _reverify(settings: KopeSettings, origin: str) -> int:
-    from kope_mcp.services.memory import ExperienceMemory
+    from kope_mcp.memory.experience_memory import ExperienceMemory
     from kope_mcp.services.reverify import imported_wins, reverify
     from kope_mcp.services.workbench import Workbench
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kope_mcp.services.memory_admin import export_line
+from kope_mcp.memory.admin import export_line
 
 
 def kope_memory(home: Path, action: str, file: Path) -> str:

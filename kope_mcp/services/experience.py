@@ -9,6 +9,7 @@ from typing import Literal
 
 from kope_mcp.errors import MAX_STRATEGY_CHARS, MAX_TEXT_CHARS, KopeError, UnknownBackendError, check_length
 from kope_mcp.hardware import detect_hardware
+from kope_mcp.memory.experience_memory import ExperienceMemory, new_id, now
 from kope_mcp.memory.outcome import UNVERIFIED_CONFIDENCE
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord
 from kope_mcp.memory.selection import (
@@ -32,7 +33,6 @@ from kope_mcp.services.context_render import (
     render_context,
     render_item,
 )
-from kope_mcp.services.memory import ExperienceMemory, new_id, now
 from kope_mcp.services.scoring import score as score_candidate
 from kope_mcp.services.selection_config import PRESETS, SelectionConfig
 from kope_mcp.tasks.registry import TaskRegistry

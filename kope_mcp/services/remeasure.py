@@ -72,7 +72,7 @@ class Remeasurer:
         return None
 
     def next_kernel(self) -> str | None:
-        for attempt in self.workbench.memory.store.noisy_attempts(self.config.batch):
+        for attempt in self.workbench.memory.noisy_attempts(self.config.batch):
             if self.tried.get(attempt.kernel_id, 0) < self.config.tries and attempt.target == "c":
                 return attempt.kernel_id
         return None

@@ -30,6 +30,7 @@ from kope_mcp.errors import (
     check_length,
 )
 from kope_mcp.hardware import keep_bounds_in
+from kope_mcp.memory.experience_memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.memory.records import AgentInfo, AttemptRecord
 from kope_mcp.models import (
     CaseInfo,
@@ -46,7 +47,6 @@ from kope_mcp.runtime.sandbox import UNSAFE_WARNING, capabilities, remove_stale_
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.fair_slot import FairSlot
 from kope_mcp.services.gpu_verdicts import gpu_clock_warnings, gpu_suspect_reasons
-from kope_mcp.services.memory import ExperienceMemory, new_id, now, source_hash
 from kope_mcp.services.profile_inputs import draw_profile_inputs, variant_references
 from kope_mcp.services.references import ReferenceRunner
 from kope_mcp.services.stats import paired_speedup, ratio_spread, summarize

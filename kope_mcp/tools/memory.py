@@ -10,8 +10,8 @@ from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from kope_mcp.memory.admin import memory_stats
 from kope_mcp.models import Phase, QueryResult, RecordResult
-from kope_mcp.services.memory_admin import memory_stats
 from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, AppState, LiveState, agent_info, app_state, call_service
 
 

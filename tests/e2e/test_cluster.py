@@ -23,7 +23,7 @@ from mcp import Client, StdioServerParameters
 from kope_mcp.app.server import build_server
 from kope_mcp.cluster.config import ray_environment
 from kope_mcp.errors import DeviceLostError
-from kope_mcp.services.memory import ExperienceMemory
+from kope_mcp.memory.experience_memory import ExperienceMemory
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import Target, TargetStatus

@@ -128,7 +128,7 @@ def test_the_cycle_check_finds_a_loop_through_a_lazy_import(tmp_path):
 # embedder and its vectors; every other module reaches them through it.
 MEMORY_INSIDES = ("kope_mcp.memory.store", "kope_mcp.memory.embedder", "kope_mcp.memory.vectors",
                   "kope_mcp.memory.bulk", "kope_mcp.memory.journal", "kope_mcp.memory.read_index")
-FRONT_DOOR = {"services/memory.py", "services/memory_transfer.py", "services/embedding_backlog.py",
+FRONT_DOOR = {"memory/experience_memory.py", "memory/transfer.py", "memory/embedding_backlog.py",
               "memory/store.py", "memory/bulk.py", "memory/journal.py", "memory/embedder.py", "memory/vectors.py",
               "memory/read_index.py"}
 

@@ -38,9 +38,6 @@ def test_the_troubleshooting_table_lists_every_error_code():
     def subclasses(cls: type) -> list[type]:
         return [cls, *(s for sub in cls.__subclasses__() for s in subclasses(sub))]
 
-    import kope_mcp.app.http_server
-    import kope_mcp.services.experience
-    import kope_mcp.services.memory_admin  # noqa: F401  (defines invalid_export)
 
     codes = {c.code for c in subclasses(KopeError)} - {"kope_error"}
     codes |= {"invalid_argument", "unknown_tool", "daemon_unavailable"}

@@ -3,7 +3,7 @@
 import json
 
 from kope_mcp.bench.memories import attempts_in, subsample_export
-from kope_mcp.services.memory_admin import export_memory, import_memory
+from kope_mcp.memory.admin import export_memory, import_memory
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import VECTOR_ADD_OK, make_settings
 from tests.memory_helpers import run_sum_session

@@ -39,7 +39,7 @@ def noisy_win(bench: Workbench) -> str:
 
 def test_a_noisy_result_is_measured_again_on_a_quiet_machine_and_recorded_as_it_measures_now(bench):
     kernel_id = noisy_win(bench)
-    assert [a.kernel_id for a in bench.store.noisy_attempts(10)] == [kernel_id]
+    assert [a.kernel_id for a in bench.memory.noisy_attempts(10)] == [kernel_id]
     result = Remeasurer(bench, QUIET, load=lambda: 0.0).run_once()
     assert result is not None and result.kernel_id == kernel_id
     record = bench.memory.attempt(kernel_id)
@@ -64,9 +64,9 @@ def test_suspect_and_imported_attempts_are_never_measured_again_and_a_kernel_onl
     remeasurer.tried[kernel_id] = QUIET.tries
     assert remeasurer.next_kernel() is None and remeasurer.run_once() is None
     bench.memory._update(kernel_id, origin="another home")
-    assert bench.store.noisy_attempts(10) == []
+    assert bench.memory.noisy_attempts(10) == []
     bench.memory._update(kernel_id, origin="", suspect=True)
-    assert bench.store.noisy_attempts(10) == []
+    assert bench.memory.noisy_attempts(10) == []
 
 
 def test_the_servers_thread_measures_in_the_background_and_stops_when_asked(bench):

@@ -1,6 +1,6 @@
 """The memory's bulk side: statistics, one item in full, and its records in export order, written back one by
-one or a chunk of lessons at once. A part of :class:`~kope_mcp.services.memory.ExperienceMemory` (its mixin), so
-that `kope memory` (services/memory_admin.py) reaches the store, the index and the vectors through the memory's
+one or a chunk of lessons at once. A part of :class:`~kope_mcp.memory.experience_memory.ExperienceMemory` (a mixin), so
+that `kope memory` (memory/admin.py) reaches the store, the index and the vectors through the memory's
 one front door like every other service."""
 
 from __future__ import annotations

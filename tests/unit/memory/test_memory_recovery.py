@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from kope_mcp.app.cli import main
+from kope_mcp.memory.recovery import wal_of
 from kope_mcp.memory.store import KuzuExperienceStore
-from kope_mcp.services.memory_recovery import wal_of
 
 pytestmark = pytest.mark.slow  # child processes that open a database
 
@@ -65,7 +65,7 @@ def test_a_memory_whose_log_cannot_be_replayed_is_said_to_be_damaged_and_recover
 
 
 def test_a_server_on_a_damaged_memory_says_so_instead_of_crashing(damaged):
-    from kope_mcp.services.memory_recovery import MemoryDamagedError
+    from kope_mcp.memory.recovery import MemoryDamagedError
     from kope_mcp.services.workbench import Workbench
     from kope_mcp.settings import KopeSettings
 

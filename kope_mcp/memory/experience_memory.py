@@ -16,23 +16,23 @@ import numpy as np
 from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.diffs import short_diff
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
+from kope_mcp.memory.embedding_backlog import EmbeddingBacklog
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, ratio_interval, step_ratio
 from kope_mcp.memory.read_index import SUFFIX as INDEX_SUFFIX
 from kope_mcp.memory.read_index import ReadIndex, database_stamp
 from kope_mcp.memory.recent import RecentCache
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord, StrategyRecord
+from kope_mcp.memory.recovery import check_opens
 from kope_mcp.memory.rows import got_further
 from kope_mcp.memory.schema import EMBEDDING_DIM
 from kope_mcp.memory.signature import compile_signature, failure_signature
 from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.memory.strategies import SAME_STRATEGY_COSINE, SAME_STRATEGY_JACCARD, jaccard, strategy_key
 from kope_mcp.memory.terms import affordable_words, stems
+from kope_mcp.memory.transfer import MemoryTransfer
 from kope_mcp.memory.vectors import SUFFIX as VECTORS_SUFFIX
 from kope_mcp.memory.vectors import VectorIndex
 from kope_mcp.models import ProfileReport, TestReport
-from kope_mcp.services.embedding_backlog import EmbeddingBacklog
-from kope_mcp.services.memory_recovery import check_opens
-from kope_mcp.services.memory_transfer import MemoryTransfer
 from kope_mcp.tasks.loader import Task
 
 log = logging.getLogger(__name__)
@@ -367,6 +367,10 @@ class ExperienceMemory(MemoryTransfer):
     def all_attempts(self) -> list[AttemptRecord]:
         """Every attempt with its source, oldest first."""
         return self.store.all_attempts()
+
+    def noisy_attempts(self, limit: int) -> list[AttemptRecord]:
+        """This home's own attempts whose last measurement was too noisy to teach, fastest first."""
+        return self.store.noisy_attempts(limit)
 
     def all_lessons(self) -> list[LessonRecord]:
         return self.store.all_lessons()

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from kope_mcp.memory import admin as memory_admin
+from kope_mcp.memory.admin import FORMAT, VERSION, InvalidExportError, export_line, import_memory
+from kope_mcp.memory.experience_memory import ExperienceMemory
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord, SessionRecord
 from kope_mcp.memory.schema import EMBEDDING_DIM
-from kope_mcp.services import memory_admin
-from kope_mcp.services.memory import ExperienceMemory
-from kope_mcp.services.memory_admin import FORMAT, VERSION, InvalidExportError, export_line, import_memory
 
 HW = "x86_64/Intel Xeon/2c/avx2"
 

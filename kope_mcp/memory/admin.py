@@ -33,10 +33,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from kope_mcp.errors import KopeError
+from kope_mcp.memory.experience_memory import SIDECARS, ExperienceMemory, now
 from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord
 from kope_mcp.memory.schema import EMBEDDING_DIM
-from kope_mcp.services.memory import SIDECARS, ExperienceMemory, now
-from kope_mcp.services.memory_transfer import MemoryStats
+from kope_mcp.memory.transfer import MemoryStats
 
 FORMAT = "kope-memory"
 VERSION = 1

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from kope_mcp.memory import admin as memory_admin
+from kope_mcp.memory.admin import FORMAT, VERSION
+from kope_mcp.memory.experience_memory import ExperienceMemory
 from kope_mcp.memory.read_index import ReadIndex, database_stamp
 from kope_mcp.memory.records import LessonRecord
 from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.memory.terms import stem, stems
-from kope_mcp.services import memory_admin
-from kope_mcp.services.memory import ExperienceMemory
-from kope_mcp.services.memory_admin import FORMAT, VERSION
 
 pytestmark = pytest.mark.slow  # subprocesses killed mid-import
 

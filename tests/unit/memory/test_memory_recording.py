@@ -39,7 +39,10 @@ def test_step_ratio_label_and_downstream_follow_the_measurements(workbench, sess
     # Labels come from the interval: the speedup's CI over the predecessor's speedup.
     fast_interval = (fast.speedup_ci_low / base, fast.speedup_ci_high / base)
     assert fast.label == label_for(True, True, fast.step_ratio, fast_interval)
-    assert naive.label == label_for(True, True, naive.step_ratio, (naive.speedup_ci_low, naive.speedup_ci_high))
+    if "the baseline's own code" in naive.suspect_reason:
+        assert naive.label == "ineffective"  # the baseline's own code: placement or noise, whatever was measured
+    else:
+        assert naive.label == label_for(True, True, naive.step_ratio, (naive.speedup_ci_low, naive.speedup_ci_high))
     children = store.successors(session["naive"])
     assert naive.downstream == pytest.approx(0.5 * naive.step_ratio + 0.35 * sum(c.downstream for c in children))
 
