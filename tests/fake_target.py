@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from kope_mcp.diagnostics import Diagnostic
 from kope_mcp.hardware import HardwareProfile
 from kope_mcp.runtime.harness import GuardedBuffers, poison
 from kope_mcp.runtime.measurement import Consistency, Schedule, measure
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key
-from kope_mcp.targets.diagnostics import Diagnostic
 from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.targets.timing import CorroboratedTimings
 from kope_mcp.tasks.loader import Task

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kope_mcp.experience.service import ExperienceService
 from kope_mcp.hardware import detect_hardware
 from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.experience_memory import ExperienceMemory
@@ -33,7 +34,6 @@ from kope_mcp.memory.schema import EMBEDDING_DIM
 from kope_mcp.memory.store import KuzuExperienceStore
 from kope_mcp.memory.strategies import strategy_key
 from kope_mcp.models import TestReport
-from kope_mcp.services.experience import ExperienceService
 from kope_mcp.tasks.registry import TaskRegistry
 
 STRATEGIES = [

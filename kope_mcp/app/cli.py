@@ -154,7 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     settings = KopeSettings.from_env()
     from kope_mcp.errors import KopeError
-    from kope_mcp.services.selection_config import load_selection
+    from kope_mcp.experience.config import load_selection
 
     try:
         load_selection(settings.selection)

@@ -66,14 +66,14 @@ class KopeMCPServer(MCPServer[AppState]):
 
 def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
     settings = settings or KopeSettings.from_env()
-    from kope_mcp.services.selection_config import load_selection
+    from kope_mcp.experience.config import load_selection
 
     selection = load_selection(settings.selection)  # a wrong KOPE_SELECTION stops here, before serving
     live = LiveState()
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[AppState]) -> AsyncIterator[AppState]:
-        from kope_mcp.services.experience import ExperienceService
+        from kope_mcp.experience.service import ExperienceService
         from kope_mcp.services.remeasure import RemeasureConfig, Remeasurer
         from kope_mcp.services.workbench import Workbench
 

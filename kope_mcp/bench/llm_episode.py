@@ -29,7 +29,7 @@ from mcp import Client
 from kope_mcp.bench.agent import TaskRun, call_tool, parse_arm, read_history, shuffled_history
 from kope_mcp.bench.llm import ContextTooLong, LlmSettings, Usage, chat, openai_tools, parse_arguments
 from kope_mcp.bench.transcript import Transcript
-from kope_mcp.memory.tokens import count_tokens
+from kope_mcp.experience.tokens import count_tokens
 
 SYSTEM = """You optimise kernels with the kope-mcp tools. Work in a loop: write a kernel, compile_kernel,
 run_tests, profile_kernel, then improve. Always pass the session_id you were given and the parent_id of the

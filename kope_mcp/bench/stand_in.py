@@ -20,7 +20,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kope_mcp.memory.tokens import count_tokens
+from kope_mcp.experience.tokens import count_tokens
 
 _TASK = re.compile(r"^Task (?P<task>[\w.-]+):", re.M)
 

@@ -4,7 +4,7 @@ Every agent of the bench, scripted or LLM, keeps its conversation here: the task
 the memory, the kernels it wrote and the tools' answers. When the transcript outgrows the window, it loses what
 a chat client loses: the oldest messages first (an assistant's tool calls together with their results, so the
 wire format stays valid), and a single message longer than the window keeps only its most recent tokens. Pinned
-messages (the system prompt, the task) always stay. Tokens are real cl100k_base tokens (memory/tokens.py) plus
+messages (the system prompt, the task) always stay. Tokens are real cl100k_base tokens (experience/tokens.py) plus
 a few per message for the chat format's framing.
 
 The scripted agent reads only `visible_items()`: the memory items whose text still lies wholly inside the
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kope_mcp.memory.tokens import TokenCounter, token_counter
+from kope_mcp.experience.tokens import TokenCounter, token_counter
 
 MESSAGE_OVERHEAD = 4  # role and separators of one chat message
 WINDOWS = (8_000, 32_000, 128_000, 200_000)  # pre-registered: every one is reported, none is chosen

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pydantic import BaseModel
 
 from kope_mcp.errors import KopeError
+from kope_mcp.experience.service import ExperienceService
 from kope_mcp.memory.records import AgentInfo, AttemptRecord
-from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
 
 REVERIFY_AGENT = AgentInfo(name="kope memory import --reverify")

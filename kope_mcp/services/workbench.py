@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kope_mcp.cluster.dispatch import cluster_roster
+from kope_mcp.diagnostics import Diagnostic
 from kope_mcp.errors import (
     MAX_STRATEGY_CHARS,
     BaselineFailedError,
@@ -67,7 +68,6 @@ from kope_mcp.services.workbench_devices import WorkbenchDevices
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Target
 from kope_mcp.targets.builds import TamperedBuildError
-from kope_mcp.targets.diagnostics import Diagnostic
 from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.targets.registry import load_targets
 from kope_mcp.tasks.drawn import draw_case

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kope_mcp.targets.diagnostics import Diagnostic
+from kope_mcp.diagnostics import Diagnostic
 
 _LOG_LIMIT = 6000
 

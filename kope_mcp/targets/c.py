@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from kope_mcp.diagnostics import Diagnostic, parse_diagnostics
 from kope_mcp.hardware import HardwareProfile, detect_hardware, probe_compiler
 from kope_mcp.models import CostCounts
 from kope_mcp.runtime.sandbox import SandboxLimits
@@ -21,7 +22,6 @@ from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildCache, BuildResult, build_key, trim_log
 from kope_mcp.targets.cost import CallgrindCounts, count_kernel, valgrind_available
-from kope_mcp.targets.diagnostics import Diagnostic, parse_diagnostics
 from kope_mcp.targets.elf import exported_functions, function_code
 from kope_mcp.targets.flags import validate_flags
 from kope_mcp.targets.native_runner import HarnessOutcome, NativeRunner, PreparedCase

@@ -22,13 +22,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from kope_mcp.diagnostics import Diagnostic, parse_diagnostics
 from kope_mcp.errors import NoDeviceError, RefusedFlagError
 from kope_mcp.runtime.sandbox import (
     SandboxLimits,
 )
 from kope_mcp.targets.base import CompileOptions, TargetStatus
 from kope_mcp.targets.builds import BuildResult, build_key, trim_log
-from kope_mcp.targets.diagnostics import Diagnostic, parse_diagnostics
 from kope_mcp.targets.gpu import GPU_RULES, GpuTarget, detect_gpu, resolve_arch
 from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
 from kope_mcp.targets.toolchain import build_library

@@ -22,13 +22,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kope_mcp.diagnostics import Diagnostic
 from kope_mcp.errors import RefusedFlagError
 from kope_mcp.models import KernelResources
 from kope_mcp.runtime import sandbox_seccomp
 from kope_mcp.runtime.sandbox import SandboxLimits, Scratch, memory_file, read_memory_file, run_sandboxed, scrubbed_env
 from kope_mcp.targets.base import CompileOptions, TargetStatus
 from kope_mcp.targets.builds import BuildResult, build_key, trim_log
-from kope_mcp.targets.diagnostics import Diagnostic
 from kope_mcp.targets.gpu import GPU_RULES, GpuTarget, detect_gpu, resolve_arch
 from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase, python_runtime
 from kope_mcp.tasks.loader import Task

@@ -13,8 +13,8 @@ from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 
 from kope_mcp.errors import MAX_AGENT_CHARS, check_length
+from kope_mcp.experience.service import ExperienceService
 from kope_mcp.memory.records import AgentInfo
-from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
 
 T = TypeVar("T")

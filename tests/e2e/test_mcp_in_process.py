@@ -9,7 +9,7 @@ import pytest
 from mcp import Client
 
 from kope_mcp.app.server import build_server
-from kope_mcp.memory.tokens import count_tokens
+from kope_mcp.experience.tokens import count_tokens
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import VECTOR_ADD_OK, make_settings
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kope_mcp.experience.service import ExperienceService
 from kope_mcp.runtime.sandbox import capabilities
-from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.tasks.registry import TaskRegistry
 from tests.conftest import make_settings

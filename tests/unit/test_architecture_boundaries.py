@@ -1,4 +1,5 @@
-"""Layers point down only: entry points (app/) -> tools/ (thin MCP handlers) -> services/ (no mcp) -> memory/,
+"""Layers point down only: entry points (app/) -> tools/ (thin MCP handlers) -> services/ (the workflow, no mcp) and
+experience/ (context selection, beside it) -> memory/,
 targets/, tasks/, cluster/ -> the execution runtime (runtime/) -> base modules; kuzu only in memory/store.py,
 sentence_transformers only in memory/embedder.py, ray only in cluster/. Every import counts, the lazy ones inside
 functions too."""
@@ -14,7 +15,7 @@ PACKAGE = Path(kope_mcp.__file__).parent
 # Processes' mains: app/ (the CLI, the servers, the daemon, the demo, the sandboxed workers' mains), the benchmark
 # drivers, and ``python -m kope_mcp``.
 ENTRY = {"app", "bench", "__main__"}
-LAYERS = {"tools": 4, "services": 3, "memory": 2, "targets": 2, "tasks": 2, "cluster": 2, "runtime": 1}
+LAYERS = {"tools": 4, "services": 3, "experience": 3, "memory": 2, "targets": 2, "tasks": 2, "cluster": 2, "runtime": 1}
 ONLY_IN = {"kuzu": {"memory/store.py"}, "sentence_transformers": {"memory/embedder.py"},
            "ray": {"cluster/driver.py", "cluster/worker.py"}}
 MCP_FROM = 4  # tools/ and entry points
@@ -169,3 +170,9 @@ def test_the_runtime_check_catches_an_import_of_the_models(tmp_path):
     (package / "runtime" / "sandbox.py").write_text("def f():\n    from kope_mcp import models\n")
     assert outside_imports(package, "runtime") == ["runtime/sandbox.py imports kope_mcp",
                                                    "runtime/sandbox.py imports kope_mcp.models"]
+
+
+def test_context_selection_reaches_neither_the_devices_nor_the_workflow():
+    # Selection ranks what the memory holds: a target's compiler or a service's workflow is none of its business.
+    assert [i for i in outside_imports(PACKAGE, "experience")
+            if i.split(" imports ")[1].startswith(("kope_mcp.targets", "kope_mcp.services", "kope_mcp.tools"))] == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kope_mcp.bench.transcript import MESSAGE_OVERHEAD, Transcript
-from kope_mcp.memory.tokens import count_tokens
+from kope_mcp.experience.tokens import count_tokens
 
 
 def read(items: list[tuple[str, str]]) -> tuple[str, list[dict]]:

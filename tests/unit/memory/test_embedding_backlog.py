@@ -2,10 +2,10 @@
 
 import pytest
 
+from kope_mcp.experience.service import ExperienceService
 from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.experience_memory import ExperienceMemory
 from kope_mcp.memory.store import KuzuExperienceStore
-from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import VECTOR_ADD_OK, make_settings
 

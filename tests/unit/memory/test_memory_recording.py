@@ -93,7 +93,7 @@ def test_the_change_from_the_parent_is_recorded_as_a_short_diff(workbench, sessi
 def test_concurrent_recording_from_many_threads_loses_nothing(workbench):
     from concurrent.futures import ThreadPoolExecutor
 
-    from kope_mcp.services.experience import ExperienceService
+    from kope_mcp.experience.service import ExperienceService
     from tests.memory_helpers import SUM_NAIVE
 
     service = ExperienceService(workbench.memory, workbench.tasks)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from kope_mcp.experience.service import ExperienceService
 from kope_mcp.memory.admin import _line_hash, export_memory, import_memory
-from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.reverify import imported_wins, reverify
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import VECTOR_ADD_OK, make_settings

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from kope_mcp.diagnostics import parse_diagnostics
 from kope_mcp.targets.cuda import demangle, parse_resources, validate_cuda_flags
-from kope_mcp.targets.diagnostics import parse_diagnostics
 from kope_mcp.targets.gpu import gpu_hardware, parse_arch
 
 PTXAS = """ptxas info    : 0 bytes gmem

@@ -3,11 +3,11 @@ question and the state, times what was measured, times the phase's and the hardw
 
 from __future__ import annotations
 
+from kope_mcp.experience.candidates import Candidate, QueryState
+from kope_mcp.experience.config import SelectionConfig
 from kope_mcp.hardware import hardware_rank
 from kope_mcp.memory.outcome import gain_factor
 from kope_mcp.memory.records import LessonRecord
-from kope_mcp.services.candidates import Candidate, QueryState
-from kope_mcp.services.selection_config import SelectionConfig
 
 
 def score(cand: Candidate, state: QueryState, config: SelectionConfig) -> tuple[str, float] | None:

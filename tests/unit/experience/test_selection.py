@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from kope_mcp.memory.selection import Scored, cover, mmr_order, pack, similarity_matrix, word_set
-from kope_mcp.memory.tokens import count_tokens
-from kope_mcp.services.selection_config import SelectionConfig
+from kope_mcp.experience.config import SelectionConfig
+from kope_mcp.experience.selection import Scored, cover, mmr_order, pack, similarity_matrix, word_set
+from kope_mcp.experience.tokens import count_tokens
 
 DEFAULT = SelectionConfig()
 MMR = {"relevance_weight": DEFAULT.mmr_lambda, "near_duplicate": DEFAULT.near_duplicate}

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from kope_mcp.bench.retrieval_corpus import generate
-from kope_mcp.memory.records import LessonRecord
-from kope_mcp.memory.tokens import (
+from kope_mcp.experience.candidates import Candidate
+from kope_mcp.experience.render import render_item
+from kope_mcp.experience.tokens import (
     ENCODING,
     BpeTokenCounter,
     CalibratedCharCounter,
     token_counter,
 )
-from kope_mcp.services.candidates import Candidate
-from kope_mcp.services.context_render import render_item
+from kope_mcp.memory.records import LessonRecord
 from kope_mcp.tasks.registry import TaskRegistry
 
 

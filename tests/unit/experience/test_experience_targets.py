@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kope_mcp.services.experience import ExperienceService
+from kope_mcp.experience.service import ExperienceService
 from kope_mcp.targets.triton import triton_version
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(triton_version() is None, reason="triton is not installed")]

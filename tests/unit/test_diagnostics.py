@@ -1,4 +1,4 @@
-from kope_mcp.targets.diagnostics import parse_diagnostics
+from kope_mcp.diagnostics import parse_diagnostics
 
 LOG = """\
 kernel.c: In function 'kernel':

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kope_mcp.bench.retrieval_corpus import CORPUS_HOME, Corpus, generate
+from kope_mcp.experience.service import ExperienceService
 from kope_mcp.memory.admin import import_memory
-from kope_mcp.services.experience import ExperienceService
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import make_settings
 

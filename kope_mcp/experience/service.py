@@ -8,23 +8,10 @@ from collections.abc import Callable
 from typing import Literal
 
 from kope_mcp.errors import MAX_STRATEGY_CHARS, MAX_TEXT_CHARS, KopeError, UnknownBackendError, check_length
-from kope_mcp.hardware import detect_hardware
-from kope_mcp.memory.experience_memory import ExperienceMemory, new_id, now
-from kope_mcp.memory.outcome import UNVERIFIED_CONFIDENCE
-from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord
-from kope_mcp.memory.selection import (
-    Scored,
-    cover,
-    mmr_order,
-    pack,
-    similarity_matrix,
-    word_set,
-)
-from kope_mcp.memory.strategies import strategy_key
-from kope_mcp.memory.tokens import count_tokens, token_counter, truncate_to_tokens
-from kope_mcp.models import ContextItem, MemoryHistory, Phase, QueryResult, RecordResult
-from kope_mcp.services.candidates import Candidate, Kind, QueryState, gather, pasted_signature
-from kope_mcp.services.context_render import (
+from kope_mcp.experience.candidates import Candidate, Kind, QueryState, gather, pasted_signature
+from kope_mcp.experience.config import PRESETS, SelectionConfig
+from kope_mcp.experience.render import (
+    Chosen,
     HotItem,
     attempt_data,
     has_diff,
@@ -33,8 +20,22 @@ from kope_mcp.services.context_render import (
     render_context,
     render_item,
 )
-from kope_mcp.services.scoring import score as score_candidate
-from kope_mcp.services.selection_config import PRESETS, SelectionConfig
+from kope_mcp.experience.scoring import score as score_candidate
+from kope_mcp.experience.selection import (
+    Scored,
+    cover,
+    mmr_order,
+    pack,
+    similarity_matrix,
+    word_set,
+)
+from kope_mcp.experience.tokens import count_tokens, token_counter, truncate_to_tokens
+from kope_mcp.hardware import detect_hardware
+from kope_mcp.memory.experience_memory import ExperienceMemory, new_id, now
+from kope_mcp.memory.outcome import UNVERIFIED_CONFIDENCE
+from kope_mcp.memory.records import AgentInfo, AttemptRecord, LessonRecord
+from kope_mcp.memory.strategies import strategy_key
+from kope_mcp.models import ContextItem, MemoryHistory, Phase, QueryResult, RecordResult
 from kope_mcp.tasks.registry import TaskRegistry
 
 MAX_QUERY_CHARS = 2000
@@ -147,7 +148,7 @@ class ExperienceService:
         state = self._state(task_id, session_id, phase, hardware, backend, query=query)
         candidates = gather(self.memory, query, state, self.config)
         hot = self._hot_items(state)
-        scored: dict[str, tuple[Scored, Candidate, str]] = {}
+        scored: dict[str, Chosen] = {}
         dropped: dict[str, int] = {}
         wanted = agent.strip().lower() if agent and agent.strip() else None
         strategy_of = {c.item_id: _strategy_of(c) for c in candidates.values()}
@@ -174,10 +175,10 @@ class ExperienceService:
                 score = round(score * self.config.preferred_agent_boost, 4)
                 cand.reasons.append("preferred agent")
             text = render_item(cand, state.task_id, hardware=state.hardware_key)
-            scored[cand.item_id] = (Scored(cand.item_id, score, text, count_tokens(text), word_set(text)),
-                                    cand, tier)
+            scored[cand.item_id] = Chosen(Scored(cand.item_id, score, text, count_tokens(text), word_set(text)),
+                                          cand, tier)
         hot_tokens = count_tokens(hot_section(hot)) + 1 if hot else 0
-        chosen: list[tuple[Scored, Candidate, str]] = []
+        chosen: list[Chosen] = []
         if hot_tokens > token_budget:
             warnings.append(f"the budget ({token_budget} tokens) is below the hot tier ({hot_tokens}); "
                             "returned the hot tier truncated and nothing else")
@@ -202,7 +203,7 @@ class ExperienceService:
                 pitfalls: set[str] = set()
                 if tier == "warm":
                     # Pitfalls rank below wins, so they may lie beyond MMR's horizon; coverage still reaches them.
-                    pitfalls = {s.item_id for s in pool if scored[s.item_id][1].kind == "pitfall"}
+                    pitfalls = {s.item_id for s in pool if scored[s.item_id].candidate.kind == "pitfall"}
                     ordered += [s for s in rest if s.item_id in pitfalls]
                     rest = [s for s in rest if s.item_id not in pitfalls]
                 ordered, capped = cover(ordered, strategy_of, pitfalls, pitfall_min=config.pitfall_min_items,
@@ -212,7 +213,7 @@ class ExperienceService:
                 taken, skipped = pack(ordered, budget, cap)
                 remaining -= sum(s.tokens for s in taken)
                 dropped["budget_or_cap"] = dropped.get("budget_or_cap", 0) + len(skipped) + len(rest)
-                chosen += [(s, scored[s.item_id][1], tier) for s in taken]
+                chosen += [Chosen(s, scored[s.item_id].candidate, tier) for s in taken]
             self._add_diffs(chosen, state.task_id, remaining - SECTION_HEADER_RESERVE, state.hardware_key)
         context, items, used = render_context(hot, chosen, token_budget)
         semantic = self.memory.semantic_ready
@@ -260,10 +261,10 @@ class ExperienceService:
         return MemoryHistory(context=text, items=items, tokens=count_tokens(text),
                              token_encoding=token_counter().encoding)
 
-    def _add_diffs(self, chosen: list[tuple[Scored, Candidate, str]], task_id: str | None, spare: int,
+    def _add_diffs(self, chosen: list[Chosen], task_id: str | None, spare: int,
                    hardware: str | None = None) -> None:
         """Give the best chosen cases and fixes their before/after diff while the spare budget allows."""
-        for scored, cand, _ in sorted(chosen, key=lambda item: -item[0].score):
+        for scored, cand, _ in sorted(chosen, key=lambda item: -item.scored.score):
             if not has_diff(cand) or spare <= 0:
                 continue
             text = render_item(cand, task_id, with_diff=True, hardware=hardware)

@@ -1,8 +1,8 @@
 """How experience reads in a prompt: lessons are quoted data, never headings or instructions of their own."""
 
+from kope_mcp.experience.candidates import Candidate
+from kope_mcp.experience.render import render_item
 from kope_mcp.memory.records import LessonRecord
-from kope_mcp.services.candidates import Candidate
-from kope_mcp.services.context_render import render_item
 
 
 def lesson(text: str, **fields: object) -> Candidate:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kope_mcp.services.selection_config import PRESETS, InvalidSelectionError, SelectionConfig, load_selection
+from kope_mcp.experience.config import PRESETS, InvalidSelectionError, SelectionConfig, load_selection
 
 
 def test_the_default_is_the_evidence_preset_and_presets_load_by_name():

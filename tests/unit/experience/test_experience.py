@@ -5,12 +5,12 @@ import json
 import pytest
 
 from kope_mcp.errors import UnknownKernelError, UnknownSessionError, UnknownTaskError
+from kope_mcp.experience.service import EmptyLessonError, ExperienceService
+from kope_mcp.experience.tokens import CalibratedCharCounter, count_tokens
 from kope_mcp.memory.admin import export_memory, import_memory
 from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.experience_memory import ExperienceMemory
 from kope_mcp.memory.read_index import ReadIndex
-from kope_mcp.memory.tokens import CalibratedCharCounter, count_tokens
-from kope_mcp.services.experience import EmptyLessonError, ExperienceService
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import VECTOR_ADD_OK, make_settings
 from tests.memory_helpers import ACCUMULATOR_STRATEGY, SUM_BROKEN, run_sum_session

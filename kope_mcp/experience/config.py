@@ -1,7 +1,7 @@
 """Every weight, cap and threshold of query_experience's active selection in one object, with named presets.
 
-The pipeline is candidates -> scores -> selection -> rendering (services/candidates.py, services/scoring.py,
-services/experience.py with memory/selection.py's maths, services/context_render.py); each stage reads its knobs
+The pipeline is candidates -> scores -> selection -> rendering (experience/candidates.py, experience/scoring.py,
+experience/service.py with experience/selection.py's maths, experience/render.py); each stage reads its knobs
 from a ``SelectionConfig`` and has none of its own, so a benchmark compares configurations without editing code:
 ``KOPE_SELECTION=recency`` (a preset name) or ``KOPE_SELECTION=/path/to/config.json`` (any fields; the rest from
 the default).

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from kope_mcp.experience.candidates import Candidate
+from kope_mcp.experience.selection import Scored
+from kope_mcp.experience.tokens import count_tokens, truncate_to_tokens
 from kope_mcp.memory.records import AttemptRecord
-from kope_mcp.memory.selection import Scored
-from kope_mcp.memory.tokens import count_tokens, truncate_to_tokens
 from kope_mcp.models import ContextItem
-from kope_mcp.services.candidates import Candidate
 
 _SECTIONS = (
     ("hot", None, "## Where you are"),
@@ -93,6 +93,14 @@ def has_diff(cand: Candidate) -> bool:
         bool(cand.fix.diff_from_parent)
 
 
+class Chosen(NamedTuple):
+    """An item selection kept: its score and text, the candidate it renders, and its tier (warm or cold)."""
+
+    scored: Scored
+    candidate: Candidate
+    tier: str
+
+
 class HotItem(NamedTuple):
     """A hot-tier line (target, incumbent, latest feedback) and the data behind it."""
 
@@ -106,7 +114,7 @@ def hot_section(hot: list[HotItem]) -> str:
     return _SECTIONS[0][2] + "\n" + "\n".join(f"- {h.text}" for h in hot) if hot else ""
 
 
-def render_context(hot: list[HotItem], chosen: list[tuple[Scored, Candidate, str]],
+def render_context(hot: list[HotItem], chosen: list[Chosen],
                    budget: int) -> tuple[str, list[ContextItem], int]:
     """Markdown grouped by tier and kind; drops the lowest items until headers and items fit the budget."""
     chosen = list(chosen)
@@ -124,7 +132,7 @@ def render_context(hot: list[HotItem], chosen: list[tuple[Scored, Candidate, str
     return context, items_for(hot, chosen, spans), used
 
 
-def _assemble(hot: list[HotItem], chosen: list[tuple[Scored, Candidate, str]]
+def _assemble(hot: list[HotItem], chosen: list[Chosen]
               ) -> tuple[str, dict[tuple[str, str], tuple[int, int]]]:
     """The context and where each item's text lies in it, keyed by (tier, id)."""
     out: list[str] = []
@@ -154,7 +162,7 @@ def _assemble(hot: list[HotItem], chosen: list[tuple[Scored, Candidate, str]]
     return "".join(out), spans
 
 
-def items_for(hot: list[HotItem], chosen: list[tuple[Scored, Candidate, str]],
+def items_for(hot: list[HotItem], chosen: list[Chosen],
               spans: dict[tuple[str, str], tuple[int, int]]) -> list[ContextItem]:
     items = [ContextItem(id=h.item_id, tier="hot", kind=h.kind, score=1.0,  # type: ignore[arg-type]
                          tokens=count_tokens(h.text), span=spans.get(("hot", h.item_id), (0, 0)),

@@ -7,12 +7,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from kope_mcp.diagnostics import parse_diagnostics
+from kope_mcp.experience.config import Kind, SelectionConfig
 from kope_mcp.memory.experience_memory import ExperienceMemory
 from kope_mcp.memory.records import AttemptRecord, LessonRecord
 from kope_mcp.memory.signature import compile_signature
 from kope_mcp.models import Phase
-from kope_mcp.services.selection_config import Kind, SelectionConfig
-from kope_mcp.targets.diagnostics import parse_diagnostics
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
