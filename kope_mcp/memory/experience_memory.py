@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import secrets
 import threading
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ from kope_mcp.models import ProfileReport, TestReport
 from kope_mcp.tasks.loader import Task
 
 log = logging.getLogger(__name__)
+_NOT_WORD = re.compile(r"[^\w]+")
 
 # Files beside the database, derived from it (the read index, the vector file): they travel with it.
 SIDECARS = (INDEX_SUFFIX, VECTORS_SUFFIX)
@@ -379,11 +381,11 @@ class ExperienceMemory(MemoryTransfer):
     def full_text(self, query: str, limit: int, postings_budget: int | None = None) -> list[tuple[str, str, float]]:
         """(kind, id, BM25 score) of strategies and lessons matching the words of ``query``; lessons are searched
         without the question's most common words once their postings pass ``postings_budget`` (terms.py). Lessons
-        are searched in the read index: none while it is rebuilt after a crash."""
+        are searched in the read index, and by a scan of the graph while it is rebuilt after a crash."""
         hits = self.store.full_text(query, limit)
         if not self.index.complete:
-            log.debug("lesson search waits for the read index's rebuild")
-            return hits
+            found = self.store.lessons_containing(_NOT_WORD.split(query), limit)
+            return sorted(hits + [("lesson", lesson_id, n) for lesson_id, n in found], key=lambda h: -h[2])[:limit]
         lesson_query = query
         if postings_budget is not None:
             lesson_query, dropped = affordable_words(query, self.index.document_frequency(stems(query)),

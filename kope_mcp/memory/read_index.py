@@ -84,12 +84,18 @@ _BATCH = 20_000
 
 
 def database_stamp(database: Path) -> str:
-    """What changes whenever the database file is written or replaced: its size and modification time."""
+    """What changes whenever the database is written or replaced: the file's size and modification time, and the
+    size of its write-ahead log (a write a crash left there is in no checkpoint yet; a clean close leaves none,
+    and reading writes nothing: a server that only read and was killed leaves the same stamp)."""
     try:
         st = database.stat()
     except FileNotFoundError:
         return "absent"
-    return f"{st.st_size}:{st.st_mtime_ns}"
+    try:
+        wal = database.with_name(database.name + ".wal").stat().st_size
+    except FileNotFoundError:
+        wal = 0
+    return f"{st.st_size}:{st.st_mtime_ns}:{wal}"
 
 
 def _attempt_row(data: dict[str, Any]) -> tuple[Any, ...]:
@@ -126,6 +132,7 @@ class ReadIndex:
         self._conn = self._connect()
         self._complete = threading.Event()
         self.vectors_trusted = False
+        self._clean_on_disk = False  # marked clean by the last close, and not written since
         self._closed = False
         self._indexes_deferred = False
 
@@ -164,11 +171,15 @@ class ReadIndex:
             trusted = meta.get("clean") == "1" and meta.get("stamp") == stamp and meta.get("format") == FORMAT
             # The vectors are complete only if a server with semantic search kept them (vectors.py).
             self.vectors_trusted = (trusted and meta.get("vectors") == "1") or database_empty
+            # A trusted index stays marked clean until its first write (which marks it in use in the same
+            # transaction): a server that only reads and is killed costs the next one no rebuild (at a million
+            # lessons its first questions took 31-35 s and found nothing relevant for ~2 minutes).
+            self._clean_on_disk = trusted
             if not trusted:
                 self._clear()
+                self._set_meta(clean="0", format=FORMAT)
             elif not self.vectors_trusted:
                 self.clear_vectors()
-            self._set_meta(clean="0", format=FORMAT)
             if trusted or database_empty:
                 self._complete.set()
             return self.complete
@@ -223,11 +234,18 @@ class ReadIndex:
         with self._lock:
             self._conn.execute("BEGIN")
             try:
+                self._in_use()
                 yield self._conn
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+
+    def _in_use(self) -> None:
+        """Before the first write: an end without :meth:`close` must make the index stale from here on."""
+        if self._clean_on_disk:
+            self._set_meta(clean="0", format=FORMAT)
+            self._clean_on_disk = False
 
     def _set_meta(self, **values: str) -> None:
         self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(values.items()))
@@ -269,7 +287,13 @@ class ReadIndex:
     # --- vectors: which row of the vector file is which item ----------------------------------------------
     def clear_vectors(self) -> None:
         with self._lock:
-            self._conn.execute("DELETE FROM vector")
+            if not self.vectors_trusted:
+                # Rows no close vouched for (meta.vectors is 0): dropping them leaves every other table as the
+                # clean close left it, so the index stays clean (a server without embeddings does this each start).
+                self._conn.execute("DELETE FROM vector")
+                return
+            with self._transaction() as conn:
+                conn.execute("DELETE FROM vector")
 
     def vector_count(self) -> int:
         with self._lock:

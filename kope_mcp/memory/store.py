@@ -449,6 +449,17 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
             found = [h for h in found if h[0] > found[-1][0]]
         return [("strategy", item_id, score) for score, item_id in found[:limit]]
 
+    def lessons_containing(self, words: list[str], limit: int) -> list[tuple[str, float]]:
+        """(lesson id, how many of ``words`` its search text holds) for lessons holding any, most first: a table
+        scan, for the read path while the read index is rebuilt (slower than its BM25, never empty)."""
+        words = [w for w in dict.fromkeys(w.lower() for w in words) if len(w) > 2][:8]
+        if not words:
+            return []
+        held = " + ".join(f"CASE WHEN lower(l.search_text) CONTAINS $w{i} THEN 1 ELSE 0 END" for i in range(len(words)))
+        rows = self._rows(f"MATCH (l:Lesson) WITH l, {held} AS n WHERE n > 0 RETURN l.lesson_id AS id, n "
+                          f"ORDER BY n DESC, id LIMIT {int(limit)}", {f"w{i}": w for i, w in enumerate(words)})
+        return [(r["id"], float(r["n"])) for r in rows]
+
     def set_embedding(self, item_id: str, kind: str, model: str, vector: list[float]) -> None:
         self._exec("MERGE (e:Embedding {id: $i}) SET e.kind = $k, e.model = $m, e.vector = $v",
                    {"i": item_id, "k": kind, "m": model, "v": vector})

@@ -48,9 +48,26 @@ def test_an_index_is_trusted_only_after_a_clean_close_for_the_same_database_file
     assert reopened.attach(database_stamp(database), database_empty=False)
     assert [x.lesson_id for x in reopened.lessons(["x-1"])] == ["x-1"]
     reopened.close(database_stamp(database))
-    # Trusted once: a process that opened it and died makes it stale...
-    died = ReadIndex.beside(database)
-    assert died.attach(database_stamp(database), database_empty=False)
+    # A process that only read it and died leaves it trusted (a crash costs the next server no rebuild)...
+    reader = ReadIndex.beside(database)
+    assert reader.attach(database_stamp(database), database_empty=False)
+    assert [x.lesson_id for x in reader.lessons(["x-1"])] == ["x-1"]
+    assert ReadIndex.beside(database).attach(database_stamp(database), database_empty=False)
+    # ...one that wrote to it and died makes it stale.
+    writer = ReadIndex.beside(database)
+    assert writer.attach(database_stamp(database), database_empty=False)
+    writer.add_lessons([(lesson("x-2"), "tiled loops")])
+    assert not ReadIndex.beside(database).attach(database_stamp(database), database_empty=False)
+
+
+def test_a_write_the_database_holds_only_in_its_log_makes_the_index_stale(tmp_path: Path):
+    database = tmp_path / "memory.kuzu"
+    database.write_bytes(b"graph")
+    index = ReadIndex.beside(database)
+    index.attach(database_stamp(database), database_empty=True)
+    index.close(database_stamp(database))
+    # A server killed after a write the graph logged and the index never saw: the file itself is unchanged.
+    database.with_name("memory.kuzu.wal").write_bytes(b"a logged write")
     assert not ReadIndex.beside(database).attach(database_stamp(database), database_empty=False)
 
 
