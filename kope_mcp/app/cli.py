@@ -174,7 +174,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"error: the token file {args.token_file} is empty; put a long random token in it "
                   "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)", file=sys.stderr)
             return 2
-        source = f"the token in {args.token_file}" if args.token_file else "the KOPE_TOKEN it was started with"
+        # Named in a 401 to whoever asks: what kind of token, never where it is kept.
+        source = "the token file it was started with" if args.token_file else "the KOPE_TOKEN it was started with"
         if not token:
             from kope_mcp.app.http_server import TOKEN_FILE, home_token
 
@@ -185,9 +186,10 @@ def _serve(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             where = settings.home / TOKEN_FILE
-            print(f"kope-mcp: made a bearer token for HTTP clients, kept in {where} (0600): {token}" if made else
-                  f"kope-mcp: HTTP clients send 'Authorization: Bearer <the token in {where}>'", file=sys.stderr)
-            source = f"the token kept in {where}"
+            # The token itself never goes to a log: whoever may use it reads the 0600 file.
+            print(f"kope-mcp: {'made' if made else 'using'} a bearer token for HTTP clients, kept in {where} (0600); "
+                  "clients send 'Authorization: Bearer <its contents>'", file=sys.stderr)
+            source = "the token `kope serve` keeps in its home"
         options = HttpOptions(host=args.host, port=args.port, token=token, allowed_hosts=args.allowed_host,
                               allowed_origins=args.allowed_origin, token_source=source)
         return _own_and_serve_http(settings, options, on_demand=False)
@@ -276,7 +278,7 @@ def _daemon(action: str) -> int:
 
         idle = positive_number("KOPE_DAEMON_IDLE_S", float, "a positive number of seconds", 600.0)
         options = HttpOptions(host="127.0.0.1", port=0, token=secrets.token_urlsafe(32), idle_exit_s=idle,
-                              token_source=f"the on-demand daemon's, in {settings.home}/daemon/state.json")
+                              token_source="the on-demand daemon's, which stdio clients of its home read themselves")
         return _own_and_serve_http(settings, options, on_demand=True)
     if action == "stop":
         try:
