@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 
 from kope_mcp.bench.retrieval_corpus import CORPUS_HOME, Corpus, Query, generate, kinds
+from kope_mcp.memory.admin import home_seal
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -50,11 +51,11 @@ def percentile(values: list[float], q: float) -> float:
 
 def load(corpus: Corpus, home: Path, order: str) -> dict[str, Any]:
     path = home.parent / f"{home.name}.jsonl"
-    corpus.write(path, order)
     # Imported by `kope memory import` itself (its own process: its peak memory is its own), as this home's own
-    # export: the corpus's lessons are the home's measurements, not evidence from elsewhere.
+    # export, signed with its key: the corpus's lessons are the home's measurements, not evidence from elsewhere.
     home.mkdir(mode=0o700, parents=True)
     (home / "home-id").write_text(CORPUS_HOME + "\n")
+    corpus.write(path, order, seal=home_seal(home))
     env = {**os.environ, "KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}
     t0 = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "kope_mcp", "memory", "import", str(path)], env=env,

@@ -117,7 +117,7 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
     from pathlib import Path
 
     from kope_mcp.errors import KopeError
-    from kope_mcp.memory.admin import export_memory, home_identity, memory_stats, show_item
+    from kope_mcp.memory.admin import export_memory, home_seal, memory_stats, show_item
     from kope_mcp.memory.experience_memory import ExperienceMemory
     from kope_mcp.memory.recovery import MemoryDamagedError, recover
 
@@ -142,7 +142,7 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
         elif action == "show":
             print(json.dumps(show_item(memory, str(target)), indent=1, default=str))
         elif action == "export":
-            counts = export_memory(memory, Path(str(target)), home_identity(settings.home))
+            counts = export_memory(memory, Path(str(target)), home_seal(settings.home))
             print(f"exported to {target}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
         else:
             memory.close()  # checkpointed: the import works on a copy (import_into_copy)
@@ -173,7 +173,7 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
 def _import(settings: KopeSettings, export: Any) -> Any:
     """import_into_copy with a bounded page cache; once more without the bound when Kùzu needs more than it (the
     first try changed nothing: imports are all or nothing)."""
-    from kope_mcp.memory.admin import home_identity, import_into_copy
+    from kope_mcp.memory.admin import home_seal, import_into_copy
     from kope_mcp.memory.experience_memory import ExperienceMemory
 
     for cache in (IMPORT_CACHE_BYTES, 0):
@@ -181,7 +181,7 @@ def _import(settings: KopeSettings, export: Any) -> Any:
             return ExperienceMemory.open(path, embeddings=False, cache_bytes=cache)
 
         try:
-            return import_into_copy(settings.memory_path, export, opener, home_identity(settings.home))
+            return import_into_copy(settings.memory_path, export, opener, home_seal(settings.home))
         except RuntimeError as exc:  # Kùzu's own: "Buffer manager exception: ... The buffer pool is full ..."
             if cache == 0 or "buffer pool is full" not in str(exc):
                 raise

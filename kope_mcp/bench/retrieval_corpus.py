@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from kope_mcp.memory.admin import HomeSeal, export_line
 from kope_mcp.memory.records import AgentInfo, AttemptRecord, SessionRecord
 from kope_mcp.memory.signature import compile_signature
 from kope_mcp.tasks.registry import TaskRegistry
@@ -180,8 +181,9 @@ class Corpus:
     sessions: list[dict] = field(default_factory=list)
     attempts: list[dict] = field(default_factory=list)  # parents before children
 
-    def write(self, path: Path, order: str = "as generated", seed: int = 0) -> None:
-        """The kope-memory import file; ``order``: 'as generated', 'newest first', 'oldest first', 'shuffled'."""
+    def write(self, path: Path, order: str = "as generated", seed: int = 0, seal: HomeSeal | None = None) -> None:
+        """The kope-memory import file; ``order``: 'as generated', 'newest first', 'oldest first', 'shuffled';
+        ``seal``: the home it is written for (its key makes the corpus that home's own, as its export would be)."""
         lessons = list(self.lessons)
         if order == "newest first":
             lessons.sort(key=lambda x: x["created_at"], reverse=True)
@@ -191,18 +193,16 @@ class Corpus:
             random.Random(seed).shuffle(lessons)
         with path.open("w", encoding="utf-8") as fh:
             fh.write(json.dumps({"kind": "header", "format": "kope-memory", "version": 1, "home_id": CORPUS_HOME,
-                                 "exported_at": "2026-11-30T00:00:00Z", "counts": {}}) + "\n")
-            for task in self.tasks:
-                fh.write(json.dumps({"kind": "task", **task}) + "\n")
+                                 "exported_at": "2026-11-30T00:00:00Z", "counts": {}, "sealed": seal is not None})
+                     + "\n")
             arch, model, cores, isa = HERE.split("/")
-            fh.write(json.dumps({"kind": "hardware", "key": HERE, "arch": arch, "cpu_model": model,
-                                 "cores": int(cores.rstrip("c")), "isa": json.dumps([isa]), "caches": "{}"}) + "\n")
-            for session in self.sessions:
-                fh.write(json.dumps({"kind": "session", **session}) + "\n")
-            for attempt in self.attempts:
-                fh.write(json.dumps({"kind": "attempt", **attempt}) + "\n")
-            for lesson in lessons:
-                fh.write(json.dumps({"kind": "lesson", **lesson}) + "\n")
+            hardware = {"key": HERE, "arch": arch, "cpu_model": model, "cores": int(cores.rstrip("c")),
+                        "isa": json.dumps([isa]), "caches": "{}"}
+            records = [*(("task", t) for t in self.tasks), ("hardware", hardware),
+                       *(("session", x) for x in self.sessions), *(("attempt", a) for a in self.attempts),
+                       *(("lesson", x) for x in lessons)]
+            for kind, data in records:
+                fh.write(export_line(kind, data, seal) + "\n")
 
 
 # The corpus stands for a home's own memory: loaded with this id as the home's, its measurements count as made here.

@@ -10,16 +10,21 @@ rebuilt from the ids each record carries. A record must find what it names in th
 except an attempt's parent, which may come anywhere in the file.
 
 Provenance: the header names the exporting home (``home_id``, kept in ``KOPE_HOME/home-id``) and every record line
-carries ``sha256``, the hash of the line without it. A record whose hash does not match was edited after the
-export: counted in the report (``edited``); an edited lesson or vector is left out, an edited attempt is kept for
-its successors' sake but as suspect (never taught). Measurements from another home keep ``origin``
-("home <id>, exported <time>") and lessons from one are stored unverified: they are evidence from elsewhere,
-served as such (never under "What worked here"). An export of this same home (a backup) comes back as its own.
+carries ``sha256``, the hash of the line without it, and ``mac``, an HMAC-SHA256 of the same under the home's key
+(``KOPE_HOME/home-key``, 0600, never exported). A record whose hash does not match was edited after the export:
+counted in the report (``edited``); an edited lesson or vector is left out, an edited attempt is kept for its
+successors' sake but as suspect (never taught). A line is this home's own only when its ``mac`` verifies under
+this home's key: a file that names this home but whose line does not prove it (edited and re-hashed, say) is
+counted edited too, and everything not proven is an import, whatever its ``home_id`` (an unkeyed hash anyone can
+recompute; a copied ``home-id`` anyone can claim). Measurements from another home keep ``origin`` ("home <id>,
+exported <time>") and lessons from one are stored unverified: they are evidence from elsewhere, served as such
+(never under "What worked here"). An export of this same home (a backup) comes back as its own.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -27,6 +32,7 @@ import secrets
 import shutil
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +61,21 @@ class ImportReport(BaseModel):
 
 
 HOME_ID_FILE = "home-id"
+HOME_KEY_FILE = "home-key"
+
+
+@dataclass(frozen=True)
+class HomeSeal:
+    """A home's name and its key: what its exports are signed with, so that only they come back as its own."""
+
+    home_id: str
+    key: bytes
+
+    def mac(self, kind: str, data: dict[str, Any]) -> str:
+        return hmac.new(self.key, _line_body(kind, data).encode(), hashlib.sha256).hexdigest()
+
+    def proves(self, kind: str, data: dict[str, Any], mac: object) -> bool:
+        return isinstance(mac, str) and hmac.compare_digest(mac, self.mac(kind, data))
 
 
 def home_identity(home: Path) -> str:
@@ -69,18 +90,42 @@ def home_identity(home: Path) -> str:
     return path.read_text(encoding="utf-8").strip()
 
 
-def export_line(kind: str, data: dict[str, Any]) -> str:
-    """One line of an export: the record with its ``sha256``. For tools that derive an export from another (the
-    bench's sampled memories): they re-seal what they changed, as the exporting home would have written it."""
+def home_seal(home: Path) -> HomeSeal:
+    """This home's id and key (each made once, kept 0600 in the home)."""
+    path = home / HOME_KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(secrets.token_hex(32) + "\n")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        key = fh.read(256).strip()
+    if len(key) < 32:
+        raise InvalidExportError(f"the home's key file {HOME_KEY_FILE} is damaged: remove it (its old exports then "
+                                 "come back as imports) and a new one is made")
+    return HomeSeal(home_identity(home), key.encode())
+
+
+def export_line(kind: str, data: dict[str, Any], seal: HomeSeal | None = None) -> str:
+    """One line of an export: the record with its ``sha256``, and with ``seal`` its ``mac``. For tools that derive
+    an export from another (the bench's sampled memories): they re-hash what they changed, and only the home
+    whose key ``seal`` holds can make it its own again."""
     if kind != "header":
-        data = {**data, "sha256": _line_hash(kind, data)}
+        data = {k: v for k, v in data.items() if k not in ("sha256", "mac")}
+        data = {**data, "sha256": _line_hash(kind, data), **({"mac": seal.mac(kind, data)} if seal else {})}
     return json.dumps({"kind": kind, **data}, separators=(",", ":"))
 
 
+def _line_body(kind: str, data: dict[str, Any]) -> str:
+    return json.dumps({"kind": kind, **{k: v for k, v in data.items() if k not in ("sha256", "mac")}},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _line_hash(kind: str, data: dict[str, Any]) -> str:
-    body = json.dumps({"kind": kind, **{k: v for k, v in data.items() if k != "sha256"}}, sort_keys=True,
-                      separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(body.encode()).hexdigest()
+    return hashlib.sha256(_line_body(kind, data).encode()).hexdigest()
 
 
 def memory_stats(memory: ExperienceMemory) -> MemoryStats:
@@ -91,14 +136,15 @@ def show_item(memory: ExperienceMemory, item_id: str) -> dict[str, Any]:
     return memory.describe(item_id)
 
 
-def export_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> dict[str, int]:
+def export_memory(memory: ExperienceMemory, path: Path, seal: HomeSeal | None = None) -> dict[str, int]:
+    """Every record of ``memory`` into ``path``, signed with ``seal`` (the exporting home's)."""
     counts = memory.counts()
     with path.open("w", encoding="utf-8") as fh:
         def write(kind: str, data: dict[str, Any]) -> None:
-            fh.write(export_line(kind, data) + "\n")
+            fh.write(export_line(kind, data, seal) + "\n")
 
         write("header", {"format": FORMAT, "version": VERSION, "exported_at": now(), "counts": counts,
-                         "home_id": home_id})
+                         "home_id": seal.home_id if seal else "", "sealed": seal is not None})
         for kind, record in memory.records():
             write(kind, record)
     return counts
@@ -108,7 +154,7 @@ STAGING_SUFFIX = ".importing"
 
 
 def import_into_copy(memory_path: Path, export: Path,
-                     open_memory: Callable[[Path], ExperienceMemory], home_id: str = "") -> ImportReport:
+                     open_memory: Callable[[Path], ExperienceMemory], seal: HomeSeal | None = None) -> ImportReport:
     """Import ``export`` all or nothing: into a copy of the closed database at ``memory_path``, which replaces
     the original (one rename) only once the copy is complete and closed.
 
@@ -131,7 +177,7 @@ def import_into_copy(memory_path: Path, export: Path,
     memory = open_memory(staging)
     memory.prepare_bulk()
     try:
-        report = import_memory(memory, export, home_id)
+        report = import_memory(memory, export, seal)
         memory.finish_bulk(completed=True)
     except BaseException:
         memory.finish_bulk(completed=False)
@@ -172,9 +218,9 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def import_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> ImportReport:
-    """Merge an export into ``memory``; ``home_id`` is this home's (its own export comes back as its own)."""
-    importer = _Importer(memory, path)
+def import_memory(memory: ExperienceMemory, path: Path, seal: HomeSeal | None = None) -> ImportReport:
+    """Merge an export into ``memory``; ``seal`` is this home's (the lines its key proves come back as its own)."""
+    importer = _Importer(memory, path, seal)
     try:
         with path.open(encoding="utf-8") as fh:
             header = json.loads(fh.readline() or "{}")
@@ -182,9 +228,12 @@ def import_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> Im
                 raise InvalidExportError(f"{path} is not a {FORMAT} version {VERSION} file "
                                          f"(header: {header!r:.200})")
             source = str(header.get("home_id") or "")
-            if not source or source != home_id:
-                importer.origin = (f"home {source[:64]}" if source else "an unnamed home") + \
-                    f", exported {str(header.get('exported_at', '?'))[:19]}"
+            # A file that names this home and says it is signed: a line its key does not prove was changed.
+            importer.claims_own = seal is not None and bool(source) and source == seal.home_id and \
+                header.get("sealed") is True
+            importer.foreign = (f"home {source[:64]}" if source and not importer.claims_own else
+                                "a copy of this home's export it cannot prove" if source else "an unnamed home") + \
+                f", exported {str(header.get('exported_at', '?'))[:19]}"
             for number, line in enumerate(fh, start=2):
                 importer.line = number
                 if line.strip():
@@ -200,22 +249,24 @@ def import_memory(memory: ExperienceMemory, path: Path, home_id: str = "") -> Im
     if importer.added:
         memory.queue_backlog()  # a server importing embeds what it imported; `kope memory import` has no model
     return ImportReport(added=importer.added, skipped_existing=importer.skipped, edited=importer.edited,
-                        unhashed=importer.unhashed, origin=importer.origin)
+                        unhashed=importer.unhashed, origin=importer.foreign if importer.unproven else "")
 
 
 class _Importer:
     """Rows in file order; consecutive lessons, attempts or embeddings are written together, a chunk at a time (row
     by row, 50k lessons took 19 minutes and an attempt ~4 ms)."""
 
-    def __init__(self, memory: ExperienceMemory, path: Path) -> None:
-        self.memory, self.path = memory, path
+    def __init__(self, memory: ExperienceMemory, path: Path, seal: HomeSeal | None = None) -> None:
+        self.memory, self.path, self.seal = memory, path, seal
+        self.claims_own = False  # the header names this home
+        self.foreign = ""  # the origin of what this home's key does not prove
+        self.unproven = 0  # records of attempts and lessons taken as imports
         self.added: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
         self.rows: list[dict[str, Any]] = []  # the chunk being read: rows of one kind (CHUNK_ROWS, CHUNK_BYTES)
         self.bytes = 0
         self.kind = ""
         self.line = 0
-        self.origin = ""
         self.edited: dict[str, int] = {}
         self.unhashed = 0
         # (attempt, parent, line) where the parent comes later in the file: linked once every attempt is written.
@@ -229,9 +280,11 @@ class _Importer:
         """One record of the file; ``size``: its line's length (a chunk ends at CHUNK_BYTES of lines)."""
         kind = row.pop("kind")
         claimed = row.pop("sha256", None)
+        mac = row.pop("mac", None)
+        own = self.seal is not None and self.seal.proves(kind, row, mac)
         if claimed is None:
             self.unhashed += 1
-        elif claimed != _line_hash(kind, row):
+        elif claimed != _line_hash(kind, row) or (self.claims_own and not own):
             # Changed after the export: evidence of nothing. Lessons and vectors are left out; an attempt is kept
             # (its successors link to it) but as a suspect measurement, which nothing ever teaches from; the
             # structure (task, hardware, strategy, session) carries no verdict.
@@ -241,8 +294,9 @@ class _Importer:
             if kind == "attempt":
                 row |= {"suspect": True, "suspect_reason": "changed after its export (sha256 mismatch): not "
                         "evidence of anything"}
-        if self.origin and kind in ("attempt", "lesson"):
-            row["origin"] = row.get("origin") or self.origin  # a re-export keeps the first home's name
+        if not own and kind in ("attempt", "lesson"):
+            self.unproven += 1
+            row["origin"] = row.get("origin") or self.foreign  # a re-export keeps the first home's name
             if kind == "lesson":
                 row["verified"] = False  # verified described a measurement made there
         if kind in CHUNK_ROWS:

@@ -154,7 +154,7 @@ def test_http_refuses_requests_without_the_token_and_non_loopback_without_token_
 def test_http_served_without_a_token_makes_one_kept_private_in_the_home(home):
     env = {k: v for k, v in os.environ.items() if k != "KOPE_TOKEN"}
     env |= {"KOPE_HOME": str(home), "KOPE_EMBEDDINGS": "off"}
-    for attempt in range(2):  # the second start reuses the token its clients were configured with
+    for _ in range(2):  # the second start reuses the token its clients were configured with
         server = subprocess.Popen([sys.executable, "-m", "kope_mcp", "serve", "--transport", "http", "--port", "0",
                                    "--log-level", "WARNING"], env=env, stderr=subprocess.PIPE, text=True)
         try:

@@ -7,13 +7,16 @@ import pytest
 from kope_mcp.errors import UnknownKernelError, UnknownSessionError, UnknownTaskError
 from kope_mcp.experience.service import EmptyLessonError, ExperienceService
 from kope_mcp.experience.tokens import CalibratedCharCounter, count_tokens
-from kope_mcp.memory.admin import export_memory, import_memory
+from kope_mcp.memory.admin import HomeSeal, export_line, export_memory, import_memory
 from kope_mcp.memory.embedder import BackgroundEmbedder
 from kope_mcp.memory.experience_memory import ExperienceMemory
 from kope_mcp.memory.read_index import ReadIndex
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import VECTOR_ADD_OK, make_settings
 from tests.memory_helpers import ACCUMULATOR_STRATEGY, SUM_BROKEN, run_sum_session
+
+HOME_1, HOME_A, HOME_B = (HomeSeal(name, f"the key of {name}".encode().ljust(32, b"."))
+                          for name in ("home-1", "home-a", "home-b"))
 
 
 @pytest.fixture(scope="module")
@@ -237,12 +240,12 @@ def test_unknown_ids_and_empty_lessons_are_refused(world):
 def test_export_then_import_into_an_empty_home_gives_the_same_graph_and_answers(world, workbench, tmp_path):
     ids, service = world
     path = tmp_path / "memory.jsonl"
-    counts = export_memory(workbench.memory, path, home_id="home-1")
+    counts = export_memory(workbench.memory, path, seal=HOME_1)
     fresh = Workbench(make_settings(tmp_path / "fresh-home"), workbench.tasks)
-    report = import_memory(fresh.memory, path, home_id="home-1")  # a backup restored: the home's own again
+    report = import_memory(fresh.memory, path, seal=HOME_1)  # a backup restored: the home's own again
     assert fresh.store.counts() == counts and report.origin == "" and not report.edited
     assert report.added["attempt"] == counts["Attempt"]
-    again = import_memory(fresh.memory, path, home_id="home-1")
+    again = import_memory(fresh.memory, path, seal=HOME_1)
     assert not again.added and fresh.store.counts() == counts
     fresh_service = ExperienceService(fresh.memory, fresh.tasks)
     for kwargs in ({"task_id": "dot"}, {"session_id": ids["session"]}):
@@ -308,7 +311,7 @@ def test_a_suspect_measurement_is_never_offered_as_what_worked(world, workbench)
 def test_an_import_from_another_home_is_evidence_from_there_never_a_win_here(world, workbench, tmp_path):
     ids, _ = world
     path = tmp_path / "memory.jsonl"
-    export_memory(workbench.memory, path, home_id="home-a")
+    export_memory(workbench.memory, path, seal=HOME_A)
     # In transit, one attempt is made a 55x win: its line no longer matches its hash.
     lines = path.read_text().splitlines()
     naive = next(i for i, line in enumerate(lines) if f'"kernel_id":"{ids["naive"]}"' in line
@@ -317,7 +320,7 @@ def test_an_import_from_another_home_is_evidence_from_there_never_a_win_here(wor
                                                           "confidence": 0.99}, separators=(",", ":"))
     path.write_text("\n".join(lines) + "\n")
     other = Workbench(make_settings(tmp_path / "home-b"), workbench.tasks)
-    report = import_memory(other.memory, path, home_id="home-b")
+    report = import_memory(other.memory, path, seal=HOME_B)
     assert report.origin.startswith("home home-a, exported ") and report.edited == {"attempt": 1}
     edited = other.store.attempt(ids["naive"])  # kept for its successors, but never taught from
     assert edited.suspect and "sha256" in edited.suspect_reason and not edited.teaches
@@ -337,3 +340,33 @@ def test_an_import_from_another_home_is_evidence_from_there_never_a_win_here(wor
     said = ExperienceService(other.memory, other.tasks).record_experience(
         ACCUMULATOR_STRATEGY, "accumulators helped", kernel_id=ids["fast"])
     assert not said.verified and not said.measured
+
+
+def test_an_edited_and_re_hashed_copy_of_this_homes_export_is_an_import_counted_edited(world, workbench, tmp_path):
+    ids, _ = world
+    path = tmp_path / "memory.jsonl"
+    export_memory(workbench.memory, path, seal=HOME_1)
+    # The unkeyed hash recomputed after the edit: it matches, but the home's key proves nothing of the line.
+    lines = path.read_text().splitlines()
+    naive = next(i for i, line in enumerate(lines) if f'"kernel_id":"{ids["naive"]}"' in line
+                 and line.startswith('{"kind":"attempt"'))
+    row = json.loads(lines[naive])
+    row.pop("kind")
+    lines[naive] = export_line("attempt", row | {"label": "effective", "speedup": 55.0, "confidence": 0.99})
+    path.write_text("\n".join(lines) + "\n")
+    restored = Workbench(make_settings(tmp_path / "restored"), workbench.tasks)
+    report = import_memory(restored.memory, path, seal=HOME_1)
+    assert report.edited == {"attempt": 1} and report.origin.startswith("a copy of this home's export")
+    forged = restored.store.attempt(ids["naive"])
+    assert forged.suspect and not forged.teaches and forged.origin
+    assert not restored.store.attempt(ids["fast"]).origin  # every other line is proven: this home's own
+
+
+def test_a_file_that_copies_this_homes_id_without_its_key_is_an_import(world, workbench, tmp_path):
+    path = tmp_path / "memory.jsonl"
+    export_memory(workbench.memory, path, seal=HomeSeal("home-1", b"another key altogether".ljust(32, b".")))
+    other = Workbench(make_settings(tmp_path / "other"), workbench.tasks)
+    report = import_memory(other.memory, path, seal=HOME_1)
+    assert report.origin and report.edited  # it claims to be this home's signed export, and proves none of it
+    assert all(a.origin for a in other.memory.all_attempts())
+    assert not any(lesson.verified for lesson in other.memory.all_lessons())

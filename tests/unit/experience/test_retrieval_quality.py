@@ -8,7 +8,7 @@ import pytest
 
 from kope_mcp.bench.retrieval_corpus import CORPUS_HOME, Corpus, generate
 from kope_mcp.experience.service import ExperienceService
-from kope_mcp.memory.admin import import_memory
+from kope_mcp.memory.admin import HomeSeal, import_memory
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import make_settings
 
@@ -17,10 +17,11 @@ pytestmark = pytest.mark.slow  # three imports of a few hundred lessons
 
 def answers(corpus: Corpus, tmp_path, order: str) -> dict[str, list[str]]:
     path = tmp_path / f"{order}.jsonl"
-    corpus.write(path, order, seed=3)
+    seal = HomeSeal(CORPUS_HOME, b"the corpus home's key".ljust(32, b"."))
+    corpus.write(path, order, seed=3, seal=seal)
     bench = Workbench(make_settings(tmp_path / order.replace(" ", "-")))
     bench.memory.start()
-    import_memory(bench.memory, path, home_id=CORPUS_HOME)  # the home's own memory, not another's
+    import_memory(bench.memory, path, seal)  # the home's own memory, not another's
     service = ExperienceService(bench.memory, bench.tasks)
     out = {q.qid: [item.id for item in service.query_experience(
         q.text, task_id=q.task_id, hardware=q.hardware, phase=q.phase).items if item.tier != "hot"]  # type: ignore[arg-type]

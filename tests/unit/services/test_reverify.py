@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kope_mcp.experience.service import ExperienceService
-from kope_mcp.memory.admin import _line_hash, export_memory, import_memory
+from kope_mcp.memory.admin import HomeSeal, _line_hash, export_memory, import_memory
 from kope_mcp.services.reverify import imported_wins, reverify
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import VECTOR_ADD_OK, make_settings
@@ -18,7 +18,7 @@ def test_a_forged_import_whose_hash_was_recomputed_is_measured_here_for_what_it_
     assert workbench.run_tests(naive.kernel_id).passed
     workbench.profile_kernel(naive.kernel_id, time_reference=False)
     path = tmp_path / "memory.jsonl"
-    export_memory(workbench.memory, path, home_id="home-a")
+    export_memory(workbench.memory, path, seal=HomeSeal("home-a", b"key of home-a".ljust(32, b".")))
     # A forger who read the code: the naive loop becomes a 55x win, and the line's hash is computed again.
     lines = path.read_text().splitlines()
     at = next(i for i, line in enumerate(lines) if f'"kernel_id":"{naive.kernel_id}"' in line)
@@ -37,7 +37,7 @@ def test_a_forged_import_whose_hash_was_recomputed_is_measured_here_for_what_it_
 
 
 def _reverify_forged(other: Workbench, path, naive_id: str) -> None:
-    report = import_memory(other.memory, path, home_id="home-b")
+    report = import_memory(other.memory, path, seal=HomeSeal("home-b", b"key of home-b".ljust(32, b".")))
     assert not report.edited  # the hash cannot tell: only a measurement here can
     wins = imported_wins(other, report.origin)
     assert [w.kernel_id for w in wins] == [naive_id]
