@@ -159,8 +159,8 @@ async def _demo_session(plan: Plan) -> int:
             step("a suspect verdict, or a noisy one whose CI does not clear 1.05, is kept with its reason but never "
                  "taught: the win below will not appear under 'What worked here' (run `kope demo` again when the "
                  "machine is quieter)")
-        recorded = await call("record_experience", kernel_id=fixed["kernel_id"], strategy=plan.strategy,
-                              lesson=plan.lesson, rationale=plan.rationale)
+        recorded = await call("record_experience", kernel_id=fixed["kernel_id"], session_id=fixed["session_id"],
+                              strategy=plan.strategy, lesson=plan.lesson, rationale=plan.rationale)
         step(f"record_experience -> {recorded['experience_id']} ({recorded['label']}, "
              f"verified={recorded['verified']})")
         advice = await call("query_experience", query=plan.advice_query, task_id=plan.advice_task,

@@ -274,7 +274,7 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
             run.best_speedup, incumbent, incumbent_id = speedup, candidate, kernel_id
             run.kept.append([run.attempts, candidate.source, list(candidate.flags)])
         run.best_by_attempt.append(run.best_speedup)
-        await _record(client, kernel_id, name, task_id, outcome, speedup, strategy.rationale)
+        await _record(client, kernel_id, session_id, name, task_id, outcome, speedup, strategy.rationale)
     run.seconds = time.monotonic() - started
     run.peak_tokens, run.dropped_tokens = transcript.peak_tokens, transcript.dropped_tokens
     return run
@@ -326,10 +326,10 @@ async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, s
     return ("faster" if faster else "correct"), kernel_id, session_id, speedup
 
 
-async def _record(client: Client, kernel_id: str, strategy: str, task_id: str, outcome: str,
-                  speedup: float | None, rationale: str) -> None:
+async def _record(client: Client, kernel_id: str, session_id: str | None, strategy: str, task_id: str,
+                  outcome: str, speedup: float | None, rationale: str) -> None:
     said = {"compile_error": "did not compile", "incorrect": "gave wrong results",
             "correct": f"was correct but not measurably faster than the kernel it changed ({speedup or 0:.2f}x)",
             "faster": f"was correct and measurably faster ({speedup or 0:.2f}x vs naive)"}[outcome]
-    await call_tool(client, "record_experience", kernel_id=kernel_id, strategy=strategy, rationale=rationale,
-                lesson=f"{strategy} on {task_id} {said}", agent="scripted")
+    await call_tool(client, "record_experience", kernel_id=kernel_id, session_id=session_id, strategy=strategy,
+                    rationale=rationale, lesson=f"{strategy} on {task_id} {said}", agent="scripted")

@@ -65,10 +65,12 @@ def next_message(messages: list[dict[str, Any]], object_arguments: bool, turn: i
         return call("run_tests", {"kernel_id": result["kernel_id"]}) if result["ok"] else \
             done
     if "passed" in result:
-        return call("profile_kernel", {"kernel_id": result.get("kernel_id") or _last_kernel(messages)}) \
+        return call("profile_kernel", {"kernel_id": result.get("kernel_id") or _last_id(messages)}) \
             if result["passed"] else done
     if "speedup_vs_baseline" in result:
-        return call("record_experience", {"kernel_id": _last_kernel(messages), "strategy": "compiler flags -O3",
+        return call("record_experience", {"kernel_id": _last_id(messages),
+                                          "session_id": _last_id(messages, "session_id", "s"),
+                                          "strategy": "compiler flags -O3",
                                           "lesson": "-O3 on the naive kernel, as measured"})
     if "experience_id" in result or str(last.get("content") or "").startswith("finished"):
         return done
@@ -89,10 +91,10 @@ def _done(offered: set[Any], object_arguments: bool, turn: int) -> dict[str, Any
                             "function": {"name": "finish", "arguments": {} if object_arguments else "{}"}}]}
 
 
-def _last_kernel(messages: list[dict[str, Any]]) -> str:
+def _last_id(messages: list[dict[str, Any]], field: str = "kernel_id", prefix: str = "k") -> str:
     for m in reversed(messages):
         if m.get("role") == "tool":
-            found = re.search(r'"kernel_id": "(k-[\w-]+)"', str(m.get("content") or ""))
+            found = re.search(rf'"{field}": "({prefix}-[\w-]+)"', str(m.get("content") or ""))
             if found:
                 return found.group(1)
     return ""

@@ -102,9 +102,11 @@ class ExperienceService:
                 # Measured in another home: the words may be right, but nothing here verified them.
                 label, verified, confidence = "lesson", False, min(confidence, UNVERIFIED_CONFIDENCE)
             measurer = self.memory.session(attempt.session_id)
-            if session_id != attempt.session_id and (agent or AgentInfo()).display != measurer.agent.display:
-                # Another agent's words about this measurement: the label stays the measurement's, the words are
-                # the writer's claim and never carry the measuring session's verification.
+            if session_id != attempt.session_id:
+                # Only the session's own id (the server gave it to the client that started the session, and to
+                # no one else) vouches for its measurements: a client's self-description (its clientInfo, a
+                # label) is anyone's to copy. Other words about this measurement are their writer's claim; the
+                # label stays the measurement's, the verification does not travel.
                 about_agent = measurer.agent.display or "another agent"
                 label, verified, confidence = "lesson", False, min(confidence, UNVERIFIED_CONFIDENCE)
         else:

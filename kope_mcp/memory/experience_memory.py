@@ -180,7 +180,9 @@ class ExperienceMemory(MemoryTransfer):
                        hardware: HardwareProfile | None = None) -> SessionRecord:
         self.ensure_task(task)
         hw = self.ensure_hardware(hardware)
-        record = SessionRecord(session_id=new_id("s"), task_id=task.id, hardware_key=hw.key,
+        # The session's id is its holder's capability: given only to the client that started it, it is what makes
+        # that client's lessons verified and lets it add attempts to the session, so it cannot be guessed.
+        record = SessionRecord(session_id=f"s-{secrets.token_hex(16)}", task_id=task.id, hardware_key=hw.key,
                                agent=agent or AgentInfo(), created_at=now())
         self.store.add_session(record)
         self._sessions.put(record.session_id, record)

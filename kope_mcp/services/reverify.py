@@ -79,4 +79,4 @@ def _measure(workbench: Workbench, experience: ExperienceService, imported: Atte
         imported.strategy or "re-measured import",
         f"re-measured {imported.kernel_id}, imported ({result.there}): here {here}"
         + (f" ({result.note})" if result.note else ""),
-        kernel_id=compiled.kernel_id, agent=REVERIFY_AGENT)
+        kernel_id=compiled.kernel_id, session_id=compiled.session_id, agent=REVERIFY_AGENT)

@@ -128,9 +128,6 @@ class Workbench(WorkbenchDevices):
         self._cache_lock = threading.Lock()
         self.references = ReferenceRunner(settings)
 
-    def _same_client(self, session_id: str, agent: AgentInfo | None) -> bool:
-        return (agent or AgentInfo()).display == self.memory.session(session_id).agent.display
-
     # --- compile -------------------------------------------------------------------------------------------
     def compile_kernel(
         self,
@@ -178,13 +175,10 @@ class Workbench(WorkbenchDevices):
                     f"session {session_id} works on task {session.task_id!r}; omit session_id to start a "
                     f"session for {task_id!r}"
                 )
-        elif parent is not None and self._same_client(parent.session_id, agent):
-            session = self.memory.session(parent.session_id)
-        elif parent is not None:
-            # Another client's attempt: building on it starts the caller's own session (the lineage stays in
-            # parent_id); its attempts never land in, or speak for, the other client's session.
-            session = self.memory.create_session(task, agent, hardware)
         else:
+            # Without its session's id a parent is anyone's attempt (a client's self-description proves nothing:
+            # two clients of the same software look alike): building on it starts the caller's own session, the
+            # lineage stays in parent_id, and nothing lands in, or speaks for, the other session.
             session = self.memory.create_session(task, agent, hardware)
         if session.hardware_key != hardware.key:
             raise TargetMismatchError(

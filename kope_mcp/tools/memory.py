@@ -28,7 +28,10 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         kernel_id: Annotated[str | None, Field(
             description="The attempt this is about; its measured outcome is attached and cannot be overridden."
         )] = None,
-        session_id: Annotated[str | None, Field(description="Scope a lesson to this session's task.")] = None,
+        session_id: Annotated[str | None, Field(
+            description="The session_id compile_kernel gave you: it proves the attempt is yours, so your lesson "
+                        "is verified by its measurement (without it, your words are stored as a claim about the "
+                        "attempt); alone, it scopes a lesson to the session's task.")] = None,
         task_id: Annotated[str | None, Field(description="Scope a lesson to this task.")] = None,
         opt_layer: Annotated[str | None, Field(
             description="Where the change acts: algorithm, memory, parallelism, vectorisation, compiler...")] = None,
@@ -38,7 +41,8 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
     ) -> RecordResult:
         """Record the why behind a step: strategy, rationale and the lesson. Outcomes of compile/test/profile are
         already recorded automatically; this adds the explanation future attempts (yours or another agent's) need.
-        With kernel_id the label and speedup come from the measurements; without one the lesson is stored as
+        With kernel_id the label and speedup come from the measurements; pass the session_id compile_kernel gave
+        you too, or the lesson is stored as a claim, not verified. Without kernel_id the lesson is stored as
         unverified and ranks below measured evidence. Next: query_experience before your next attempt.
         """
         return await call_service(ctx, app_state(ctx).experience.record_experience, strategy=strategy, lesson=lesson,

@@ -36,7 +36,7 @@ keep optimising for correctness and the static resource report). With a cluster,
 worker's devices: pass device=<id> to compile_kernel to work there (tests and profiles follow the build). Keep a \
 kernel only when its speedup's 95% CI lies above your best so far; a `suspect` result is not a win.
 7. After every attempt, failures included, call record_experience(strategy=..., lesson=<what you learned, one \
-paragraph>, kernel_id=..., rationale=<why it worked or not>).
+paragraph>, kernel_id=..., session_id=..., rationale=<why it worked or not>).
 8. Go back to 2 (with session_id) until the attempts are used up or two strategies in a row gain nothing. End \
 with the best kernel_id, its speedup vs the naive baseline with its CI, and the strategies that mattered."""
 

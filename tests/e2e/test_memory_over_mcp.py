@@ -29,7 +29,8 @@ def test_the_client_name_and_version_are_recorded_and_the_stats_resource_counts(
                                                                   "source": VECTOR_ADD_OK})).structured_content
             await client.call_tool("run_tests", {"kernel_id": compiled["kernel_id"]})
             recorded = await client.call_tool("record_experience", {
-                "kernel_id": compiled["kernel_id"], "strategy": "plain loop", "lesson": "the naive loop is correct"})
+                "kernel_id": compiled["kernel_id"], "session_id": compiled["session_id"], "strategy": "plain loop",
+                "lesson": "the naive loop is correct"})
             assert not recorded.is_error and recorded.structured_content["verified"]
             answer = await client.call_tool("query_experience", {"query": "vector add",
                                                                  "session_id": compiled["session_id"]})
@@ -148,9 +149,15 @@ def test_a_clients_words_on_another_clients_measured_win_are_its_claim_never_ver
             profile = (await a.call_tool("profile_kernel", {"kernel_id": kernel_id})).structured_content
             assert profile["failure"] is None
             own = (await a.call_tool("record_experience", {
-                "kernel_id": kernel_id, "strategy": "loop interchange i-k-j",
+                "kernel_id": kernel_id, "session_id": compiled["session_id"], "strategy": "loop interchange i-k-j",
                 "lesson": "i-k-j makes the inner loop contiguous"})).structured_content
             assert own["about_agent"] is None and own["verified"] == own["measured"]
+        # The same software again (the same clientInfo): without the session's id its words are a claim.
+        async with Client(server, client_info=Implementation(name="client-a", version="1")) as twin:
+            copied = (await twin.call_tool("record_experience", {
+                "kernel_id": kernel_id, "strategy": "loop interchange i-k-j",
+                "lesson": "unroll by 64 and drop the tail loop"})).structured_content
+            assert copied["verified"] is False and copied["label"] == "lesson" and copied["about_agent"] == "client-a 1"
         async with Client(server, client_info=Implementation(name="client-b", version="1")) as b:
             claim = (await b.call_tool("record_experience", {
                 "kernel_id": kernel_id, "strategy": "loop interchange i-k-j",

@@ -24,15 +24,17 @@ def world(workbench):
     ids = run_sum_session(workbench)
     service = ExperienceService(workbench.memory, workbench.tasks)
     service.record_experience(ACCUMULATOR_STRATEGY, "independent accumulators break the add dependency chain",
-                              kernel_id=ids["fast"], rationale="a serial sum is bound by the add latency")
+                              kernel_id=ids["fast"], session_id=ids["session"],
+                              rationale="a serial sum is bound by the add latency")
     service.record_experience("drop the tail loop", "always keep a scalar tail loop for n % 16",
-                              kernel_id=ids["wrong"])
+                              kernel_id=ids["wrong"], session_id=ids["session"])
     return ids, service
 
 
 def test_a_lesson_about_a_kernel_takes_its_measured_outcome(world, workbench):
     ids, service = world
-    result = service.record_experience("OpenMP reduction", "this was 100x faster!", kernel_id=ids["wrong"])
+    result = service.record_experience("OpenMP reduction", "this was 100x faster!", kernel_id=ids["wrong"],
+                                       session_id=ids["session"])
     attempt = workbench.store.attempt(ids["wrong"])
     assert result.verified and result.label == attempt.label == "incorrect"
     assert result.attempt_id == ids["wrong"]

@@ -116,9 +116,12 @@ def test_building_on_another_clients_attempt_starts_the_callers_own_session_with
     a, b = AgentInfo(name="client-a", version="1"), AgentInfo(name="client-b", version="1")
     source = workbench.tasks.get("vector_add").baseline_source
     first = workbench.compile_kernel("vector_add", source + "\n// a\n", agent=a)
-    again = workbench.compile_kernel("vector_add", source + "\n// a2\n", parent_id=first.kernel_id, agent=a)
+    again = workbench.compile_kernel("vector_add", source + "\n// a2\n", parent_id=first.kernel_id, agent=a,
+                                     session_id=first.session_id)
     built = workbench.compile_kernel("vector_add", source + "\n// b\n", parent_id=first.kernel_id, agent=b)
-    assert again.session_id == first.session_id  # its own attempt: the same session
-    assert built.session_id != first.session_id
+    # The same client name and version, without the session's id: a copied clientInfo proves nothing.
+    copied = workbench.compile_kernel("vector_add", source + "\n// c\n", parent_id=first.kernel_id, agent=a)
+    assert again.session_id == first.session_id  # the holder of the session's id: the same session
+    assert built.session_id != first.session_id and copied.session_id not in (first.session_id, built.session_id)
     assert workbench.store.attempt(built.kernel_id).parent_id == first.kernel_id
     assert workbench.memory.session(built.session_id).agent.display == "client-b 1"
