@@ -19,6 +19,20 @@ HOME_1, HOME_A, HOME_B = (HomeSeal(name, f"the key of {name}".encode().ljust(32,
                           for name in ("home-1", "home-a", "home-b"))
 
 
+def make_a_win(path, kernel_id: str, rehash: bool) -> None:
+    """Edit an export so that ``kernel_id`` reads as a 55x win; ``rehash``: recompute the line's sha256 (the old
+    ``mac`` stays: only the home's key could make a new one)."""
+    lines = path.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if f'"kernel_id":"{kernel_id}"' in line
+              and line.startswith('{"kind":"attempt"'))
+    row = json.loads(lines[at]) | {"label": "effective", "speedup": 55.0, "confidence": 0.99}
+    if rehash:
+        kind, mac = row.pop("kind"), row.get("mac")
+        row = json.loads(export_line(kind, row)) | {"mac": mac}
+    lines[at] = json.dumps(row, separators=(",", ":"))
+    path.write_text("\n".join(lines) + "\n")
+
+
 @pytest.fixture(scope="module")
 def world(workbench):
     ids = run_sum_session(workbench)
@@ -315,12 +329,7 @@ def test_an_import_from_another_home_is_evidence_from_there_never_a_win_here(wor
     path = tmp_path / "memory.jsonl"
     export_memory(workbench.memory, path, seal=HOME_A)
     # In transit, one attempt is made a 55x win: its line no longer matches its hash.
-    lines = path.read_text().splitlines()
-    naive = next(i for i, line in enumerate(lines) if f'"kernel_id":"{ids["naive"]}"' in line
-                 and line.startswith('{"kind":"attempt"'))
-    lines[naive] = json.dumps(json.loads(lines[naive]) | {"label": "effective", "speedup": 55.0,
-                                                          "confidence": 0.99}, separators=(",", ":"))
-    path.write_text("\n".join(lines) + "\n")
+    make_a_win(path, ids["naive"], rehash=False)
     other = Workbench(make_settings(tmp_path / "home-b"), workbench.tasks)
     report = import_memory(other.memory, path, seal=HOME_B)
     assert report.origin.startswith("home home-a, exported ") and report.edited == {"attempt": 1}
@@ -349,13 +358,7 @@ def test_an_edited_and_re_hashed_copy_of_this_homes_export_is_an_import_counted_
     path = tmp_path / "memory.jsonl"
     export_memory(workbench.memory, path, seal=HOME_1)
     # The unkeyed hash recomputed after the edit: it matches, but the home's key proves nothing of the line.
-    lines = path.read_text().splitlines()
-    naive = next(i for i, line in enumerate(lines) if f'"kernel_id":"{ids["naive"]}"' in line
-                 and line.startswith('{"kind":"attempt"'))
-    row = json.loads(lines[naive])
-    row.pop("kind")
-    lines[naive] = export_line("attempt", row | {"label": "effective", "speedup": 55.0, "confidence": 0.99})
-    path.write_text("\n".join(lines) + "\n")
+    make_a_win(path, ids["naive"], rehash=True)
     restored = Workbench(make_settings(tmp_path / "restored"), workbench.tasks)
     report = import_memory(restored.memory, path, seal=HOME_1)
     assert report.edited == {"attempt": 1} and report.origin.startswith("a copy of this home's export")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kope_mcp.hardware import hardware_rank
 from kope_mcp.memory.read_index import ReadIndex, database_stamp
 from kope_mcp.memory.records import AttemptRecord, LessonRecord
@@ -60,24 +62,17 @@ def test_an_index_is_trusted_only_after_a_clean_close_for_the_same_database_file
     assert not ReadIndex.beside(database).attach(database_stamp(database), database_empty=False)
 
 
-def test_a_write_the_database_holds_only_in_its_log_makes_the_index_stale(tmp_path: Path):
+@pytest.mark.parametrize("afterwards", ["written or replaced", "a write only in its log"])
+def test_a_database_changed_after_the_close_makes_the_index_stale(tmp_path: Path, afterwards: str):
     database = tmp_path / "memory.kuzu"
     database.write_bytes(b"graph")
     index = ReadIndex.beside(database)
     index.attach(database_stamp(database), database_empty=True)
     index.close(database_stamp(database))
-    # A server killed after a write the graph logged and the index never saw: the file itself is unchanged.
-    database.with_name("memory.kuzu.wal").write_bytes(b"a logged write")
-    assert not ReadIndex.beside(database).attach(database_stamp(database), database_empty=False)
-
-
-def test_a_database_written_or_replaced_after_the_close_makes_the_index_stale(tmp_path: Path):
-    database = tmp_path / "memory.kuzu"
-    database.write_bytes(b"graph")
-    index = ReadIndex.beside(database)
-    index.attach(database_stamp(database), database_empty=True)
-    index.close(database_stamp(database))
-    database.write_bytes(b"graph written by someone else")
+    if afterwards == "written or replaced":
+        database.write_bytes(b"graph written by someone else")
+    else:  # a server killed after a write the graph logged and the index never saw: the file is unchanged
+        database.with_name("memory.kuzu.wal").write_bytes(b"a logged write")
     assert not ReadIndex.beside(database).attach(database_stamp(database), database_empty=False)
 
 

@@ -48,12 +48,17 @@ def reopened(path: Path) -> ExperienceMemory:
     return ExperienceMemory.open(path, embeddings=False)
 
 
-def test_a_server_killed_after_reading_costs_the_next_one_no_rebuild(tmp_path: Path):
+def a_memory_with_one_lesson(tmp_path: Path) -> Path:
     path = tmp_path / "memory.kuzu"
     memory = reopened(path)
     memory.add_lesson(lesson("x-1", "unrolled loops"), "unrolled loops")
     memory.stop()
     memory.close()
+    return path
+
+
+def test_a_server_killed_after_reading_costs_the_next_one_no_rebuild(tmp_path: Path):
+    path = a_memory_with_one_lesson(tmp_path)
     killed_after(path, "read")
     memory = reopened(path)
     try:
@@ -65,11 +70,7 @@ def test_a_server_killed_after_reading_costs_the_next_one_no_rebuild(tmp_path: P
 
 
 def test_a_server_killed_after_a_write_leaves_an_index_the_next_one_rebuilds_while_answering(tmp_path: Path):
-    path = tmp_path / "memory.kuzu"
-    memory = reopened(path)
-    memory.add_lesson(lesson("x-1", "unrolled loops"), "unrolled loops")
-    memory.stop()
-    memory.close()
+    path = a_memory_with_one_lesson(tmp_path)
     killed_after(path, "write")
     memory = reopened(path)
     try:
