@@ -75,6 +75,12 @@ def _count_cpus(cpu_list: str) -> int:
     return total
 
 
+def cpu_key(arch: str, model: str, cores: int, isa: list[str]) -> str:
+    """The memory's hardware key of a CPU: it follows from the facts, so a described CPU's key can be checked."""
+    widest = next((f for f in ("avx512f", "avx2", "avx", "sve", "asimd", "sse4_2") if f in isa), "scalar")
+    return f"{arch}/{model}/{cores}c/{widest}"
+
+
 @functools.cache
 def detect_hardware() -> HardwareProfile:
     info = _cpuinfo()
@@ -82,9 +88,8 @@ def detect_hardware() -> HardwareProfile:
     isa = [f for f in _RELEVANT_ISA if f in flags]
     model = info.get("model name") or info.get("Hardware") or platform.processor() or "unknown CPU"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    widest = next((f for f in ("avx512f", "avx2", "avx", "sve", "asimd", "sse4_2") if f in isa), "scalar")
     return HardwareProfile(
-        key=f"{platform.machine()}/{model}/{cores}c/{widest}",
+        key=cpu_key(platform.machine(), model, cores, isa),
         arch=platform.machine(),
         cpu_model=model,
         cores=cores,

@@ -76,3 +76,58 @@ def ray_environment(token: Path) -> dict[str, str]:
 
 def apply_ray_environment(token: Path) -> None:
     os.environ.update(ray_environment(token))
+
+
+@dataclass(frozen=True)
+class DriverIdentity:
+    """Who the server's Ray driver child runs as. A Ray driver must be able to open its node's sockets, which only
+    the node's user can; and whoever holds the cluster token can run code as that user on this machine (a Ray task
+    placed here). So the child runs as the node's user and is given nothing of the server's: no KOPE_* variable,
+    the token by value (the server's token file may be unreadable to that user), ``/`` as its folder."""
+
+    uid: int | None  # None: the server's own
+    gid: int | None
+    warning: str  # why the node's user can reach the server's home ("" when it cannot)
+
+    def command(self, argv: list[str]) -> list[str]:
+        if self.uid is None:
+            return argv
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--inh-caps=-all",
+                "--bounding-set=-all", "--no-new-privs", *argv]
+
+    def environment(self, token: Path | None, base: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in base.items() if not k.startswith(("KOPE_", "RAY_AUTH_"))}
+        if token is not None:
+            env.update(ray_environment(token))
+            del env["RAY_AUTH_TOKEN_PATH"]
+            env["RAY_AUTH_TOKEN"] = token.read_text().strip()
+        if self.uid is not None:
+            env["HOME"] = "/"
+        return env
+
+
+def node_socket(temp_dir: str | None = None) -> Path:
+    """This machine's Ray node's raylet socket (Ray's default temporary folder unless RAY_TMPDIR says otherwise)."""
+    root = Path(temp_dir or os.environ.get("RAY_TMPDIR") or "/tmp") / "ray" / "session_latest" / "sockets"
+    return root / "raylet"
+
+
+def driver_identity(socket_path: Path, server_uid: int, home: Path) -> DriverIdentity:
+    try:
+        info = socket_path.stat()
+    except OSError:
+        return DriverIdentity(None, None, "")  # no local node found: Ray's own error says so when it connects
+    if info.st_uid == server_uid:
+        return DriverIdentity(None, None, (
+            "this machine's Ray node runs as the server's own user, so anyone with the cluster token can run code "
+            "here with KOPE_HOME in reach: start this machine's node as another user (docs/cluster.md)"))
+    if server_uid == 0:
+        try:
+            shared = bool(home.stat().st_mode & 0o077)
+        except OSError:
+            shared = False
+        return DriverIdentity(info.st_uid, info.st_gid, (
+            f"KOPE_HOME is open to other users, including this machine's Ray node's (uid {info.st_uid}): make it "
+            "0700") if shared else "")
+    # An ordinary server cannot become the node's user; the node's own sockets decide whether it can connect.
+    return DriverIdentity(None, None, "")

@@ -5,6 +5,9 @@ calls with verdict data only: builds stay here (run_tests and profile_kernel fol
 corroborated timings go back to the server, which judges them against references it computed itself. The actor
 never sees the memory or the server's token; a task reaches it as the files of its folder, loaded untrusted (its
 reference runs only inside the sandbox, as on the server).
+
+Everything it receives and answers is a ``wire`` message (plain data with a schema): a Ray return value that is
+``bytes`` travels raw, and the server's driver reads nothing else, so no answer of a worker is ever unpickled there.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kope_mcp.cluster import wire
 from kope_mcp.hardware import HardwareProfile
+from kope_mcp.models import CostCounts
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildResult
@@ -61,6 +66,16 @@ class DeviceDescription:
     hardware: HardwareProfile
     roofline: HardwareProfile | None
     niceness: int
+
+
+# Each call of the contract: the types of its arguments and of its answer, as both ends read them.
+CALLS: dict[str, tuple[Any, Any]] = {
+    "compile": (tuple[TaskBundle, str, list[str], CompileOptions], BuildResult),
+    "check_build": (tuple[str], type(None)),
+    "run_cases": (tuple[TaskBundle, str, list[PreparedCase], float], HarnessOutcome),
+    "profile": (tuple[TaskBundle, str, list[PreparedCase], bool, float, tuple[float, float], float], Measurement),
+    "deterministic_costs": (tuple[TaskBundle, str, PreparedCase], CostCounts | str),
+}
 
 
 class DeviceActor:
@@ -106,8 +121,24 @@ class DeviceActor:
             self.tasks[key] = load_task(folder, trusted=False)
         return self.tasks[key]
 
+    # --- what Ray calls: wire messages in and out ------------------------------------------------------------
+    def describe(self) -> bytes:
+        try:
+            return wire.encode(self.description())
+        except Exception as exc:  # an answer, never a pickled exception
+            return wire.encode_error(exc)
+
+    def call(self, method: str, payload: bytes) -> bytes:
+        try:
+            if method not in CALLS:
+                raise ValueError(f"no call {method!r}")
+            arguments, _ = CALLS[method]
+            return wire.encode(getattr(self, method)(*wire.decode(payload, arguments)))
+        except Exception as exc:
+            return wire.encode_error(exc)
+
     # --- the contract, call for call -------------------------------------------------------------------------
-    def describe(self) -> DeviceDescription:
+    def description(self) -> DeviceDescription:
         return DeviceDescription(worker=self.worker, backend=self.backend, host=socket.gethostname(),
                                  status=self.target.status(), hardware=self.target.hardware(),
                                  roofline=self.target.roofline(), niceness=os.getpriority(os.PRIO_PROCESS, 0))

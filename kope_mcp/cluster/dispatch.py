@@ -1,13 +1,15 @@
 """The server's side of the cluster: which devices the workers offer, and a Target for each that forwards the
 contract's calls to its actor. Every wait is bounded; a device that stops answering is a ``device_lost`` error for
 the call that was waiting (nothing of it is recorded as a result) and leaves the roster until it answers again.
-Ray itself runs in a child process (``driver.py``): a head that goes away ends that child, never the server."""
+Ray itself runs in a child process (``driver.py``): a head that goes away ends that child, never the server.
+Nothing from that child or from a worker is unpickled here: every message is read as ``wire`` data of the type the
+call expects, and a device whose answer is anything else is refused like one that is lost."""
 
 from __future__ import annotations
 
 import itertools
 import logging
-import pickle
+import os
 import socket
 import subprocess
 import sys
@@ -16,12 +18,14 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kope_mcp.cluster.config import ClusterConfig, device_id, token_path
-from kope_mcp.cluster.device_actor import DeviceDescription, TaskBundle
-from kope_mcp.cluster.driver import Lost
-from kope_mcp.errors import DeviceLostError
+from kope_mcp.cluster import wire
+from kope_mcp.cluster.config import ClusterConfig, device_id, driver_identity, node_socket, token_path
+from kope_mcp.cluster.device_actor import CALLS, DeviceDescription, TaskBundle
+from kope_mcp.cluster.driver import PIPE_LIMIT, Lost, Reply, Request
+from kope_mcp.errors import DeviceLostError, KopeError
 from kope_mcp.hardware import HardwareProfile
 from kope_mcp.targets.base import CompileOptions, Measurement, Target, TargetStatus
 from kope_mcp.targets.builds import BuildResult
@@ -78,11 +82,14 @@ class RemoteTarget(Target):
 
     def _call(self, what: str, method: str, timeout_s: float, *args: Any) -> Any:
         try:
-            return self.link.call("call", (self.actor, method, args, timeout_s), timeout_s + 30)
-        except Lost as exc:
+            answer = self.link.call(Request(id=0, op="call", actor=self.actor, method=method, timeout_s=timeout_s,
+                                            payload=wire.encode(list(args))), timeout_s + 30)
+            return wire.decode(answer.payload, CALLS[method][1])
+        except (Lost, wire.WireError, wire.RemoteFailure) as exc:
             self.on_lost(self.device)
-            raise DeviceLostError(f"device {self.device} was lost during {what} ({exc}); nothing of this call was "
-                                  "recorded (list_devices shows what is available)") from None
+            how = "was lost" if isinstance(exc, Lost) else "answered with something that is not a kope result"
+            raise DeviceLostError(f"device {self.device} {how} during {what} ({str(exc)[:300]}); nothing of this "
+                                  "call was recorded (list_devices shows what is available)") from None
 
     def compile(self, task: Task, source: str, flags: list[str], options: CompileOptions) -> BuildResult:
         return self._call("compile_kernel", "compile", self.settings.compile_timeout_s + self.config.call_margin_s,
@@ -116,13 +123,14 @@ class RemoteTarget(Target):
 class DriverLink:
     """The server's end of the pipe to the Ray driver child (started on first use, again after it ended)."""
 
-    def __init__(self, config: ClusterConfig) -> None:
-        self.config = config
+    def __init__(self, config: ClusterConfig, home: Path) -> None:
+        self.config, self.home = config, home
+        self.warning = ""  # what the driver child's identity leaves open (list_devices says it)
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._process: Any = None
         self._conn: Any = None
-        self._pending: dict[int, tuple[Any, Future[tuple[str, Any]]]] = {}  # by request: its pipe, its answer
+        self._pending: dict[int, tuple[Any, Future[Reply]]] = {}  # by request: its pipe, its answer
         self._ids = itertools.count()
 
     def _alive(self) -> bool:
@@ -139,12 +147,13 @@ class DriverLink:
         # A plain child process on one end of a socket pair, not multiprocessing's spawn: that would run the
         # server's own __main__ again in the child.
         ours_sock, theirs_sock = socket.socketpair()
-        token = str(self.config.token_file) if self.config.token_file is not None else ""
+        identity = driver_identity(node_socket(), os.geteuid(), self.home)
+        self.warning = identity.warning
         process = subprocess.Popen(
-            [sys.executable, "-m", "kope_mcp.cluster.driver", self.config.address, token,
-             str(self.config.describe_timeout_s), str(theirs_sock.fileno())],
+            identity.command([sys.executable, "-m", "kope_mcp.cluster.driver", self.config.address,
+                              str(self.config.describe_timeout_s), str(theirs_sock.fileno())]),
             pass_fds=[theirs_sock.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            start_new_session=True)
+            env=identity.environment(self.config.token_file, dict(os.environ)), cwd="/", start_new_session=True)
         theirs_sock.close()
         ours = Connection(ours_sock.detach())
         if not ours.poll(self.config.connect_timeout_s):
@@ -152,9 +161,15 @@ class DriverLink:
             raise ConnectionError(f"the head at {self.config.address} did not accept this server within "
                                   f"{self.config.connect_timeout_s:g} s (is KOPE_CLUSTER_TOKEN the cluster's token?)")
         try:
-            kind, message = ours.recv()
-        except EOFError:
+            first = wire.decode(ours.recv_bytes(PIPE_LIMIT), Reply)
+            kind, message = first.kind, first.message
+        except (EOFError, OSError):
             kind, message = "error", f"its driver process exited with code {process.poll()}"
+            if identity.uid is not None:
+                message += (f" (it runs as uid {identity.uid}, the user of this machine's Ray node, who must be able "
+                            "to run this server's Python and kope_mcp)")
+        except wire.WireError as exc:
+            kind, message = "error", f"its driver process said something unreadable ({exc})"
         if kind != "ready":
             process.kill()
             raise ConnectionError(str(message))
@@ -164,19 +179,25 @@ class DriverLink:
     def _read(self, conn: Any) -> None:
         while True:
             try:
-                request, kind, value = pickle.loads(conn.recv_bytes())
+                answer = wire.decode(conn.recv_bytes(PIPE_LIMIT), Reply)
             except (EOFError, OSError):
                 break
-            entry = self._pending.pop(request, None)
+            except wire.WireError as exc:  # a driver that says nonsense is ended like one that died
+                log.warning("the cluster driver sent an unreadable message (%s); restarting it", exc)
+                with self._lock:
+                    if self._process is not None and self._conn is conn:
+                        self._process.kill()
+                break
+            entry = self._pending.pop(answer.id, None)
             if entry is not None:
-                entry[1].set_result((kind, value))
+                entry[1].set_result(answer)
         with self._lock:  # the child ended (its head went away, or it was killed): its waiting calls are lost
             if self._conn is conn:
                 self._conn = None
             waiting = [r for r, (sent_on, _) in self._pending.items() if sent_on is conn]
             futures = [self._pending.pop(r)[1] for r in waiting]
         for future in futures:
-            future.set_result(("lost", "the connection to the cluster ended"))
+            future.set_result(Reply(id=-1, kind="lost", message="the connection to the cluster ended"))
 
     def close(self) -> None:
         """End the driver child (it leaves the cluster as its pipe closes; killed if it does not within 10 s)."""
@@ -192,8 +213,8 @@ class DriverLink:
                 process.kill()
                 process.wait()
 
-    def call(self, op: str, args: tuple[Any, ...], timeout_s: float, reset_on_timeout: bool = False) -> Any:
-        """Ask the driver; raise ``Lost`` when the answer does not come, a contract error as the device raised it.
+    def call(self, request: Request, timeout_s: float, reset_on_timeout: bool = False) -> Reply:
+        """Ask the driver (``request.id`` is set here); raise ``Lost`` when the answer does not come.
         ``reset_on_timeout``: a driver that cannot answer this (a listing, never long) is stuck on a head that went
         away; it is ended, and the next call starts another (which fails fast while nothing answers there)."""
         with self._lock:
@@ -202,32 +223,31 @@ class DriverLink:
                     self._process.kill()
                     self._process.wait()
                 self._start()
-            request = next(self._ids)
-            future: Future[tuple[str, Any]] = Future()
+            request.id = next(self._ids)
+            future: Future[Reply] = Future()
             conn = self._conn
-            self._pending[request] = (conn, future)
+            self._pending[request.id] = (conn, future)
         try:
+            data = wire.encode(request)
             with self._send_lock:
-                conn.send((request, op, args))
+                conn.send_bytes(data)
         except (OSError, ValueError) as exc:
-            self._pending.pop(request, None)
+            self._pending.pop(request.id, None)
             raise Lost(f"the connection to the cluster failed: {exc}") from None
         try:
-            kind, value = future.result(timeout=timeout_s)
+            answer = future.result(timeout=timeout_s)
         except FutureTimeout:
-            self._pending.pop(request, None)
+            self._pending.pop(request.id, None)
             if reset_on_timeout:
                 with self._lock:
                     if self._process is not None and self._conn is conn:
                         self._process.kill()
             raise Lost(f"no answer within {timeout_s:.0f} s") from None
-        if kind == "ok":
-            return value
-        if kind == "raise":
-            raise value
-        if kind == "lost":
-            raise Lost(str(value))
-        raise RuntimeError(f"the cluster's answer could not be read back: {value}")
+        if answer.kind == "ok":
+            return answer
+        if answer.kind == "lost":
+            raise Lost(answer.message)
+        raise wire.RemoteFailure(answer.message or f"the cluster's driver answered {answer.kind!r}")
 
 
 class ClusterRoster:
@@ -235,10 +255,11 @@ class ClusterRoster:
 
     def __init__(self, settings: KopeSettings, config: ClusterConfig, local: dict[str, Target]) -> None:
         self.settings, self.config, self.local = settings, config, local
-        self.link = DriverLink(config)
+        self.link = DriverLink(config, settings.home)
         self._lock = threading.Lock()
         self._devices: dict[str, RemoteTarget] = {}
         self._read_at = -1e9
+        self.refused: dict[str, str] = {}  # actors in the cluster's namespace that are not offered, and why
 
     def lost(self, device: str) -> None:
         with self._lock:
@@ -262,17 +283,34 @@ class ClusterRoster:
 
     def _read(self) -> dict[str, RemoteTarget]:
         found: dict[str, RemoteTarget] = {}
-        for actor, described in self.link.call("devices", (), self.config.describe_timeout_s + 5,
-                                               reset_on_timeout=True):
+        answer = self.link.call(Request(id=0, op="devices"), self.config.describe_timeout_s + 5,
+                                reset_on_timeout=True)
+        refused = dict(answer.refused)
+        for actor, payload in answer.devices.items():
+            try:
+                described = wire.decode(payload, DeviceDescription)
+            except (wire.WireError, wire.RemoteFailure, KopeError) as exc:
+                refused[actor] = f"its description is not a kope device's ({str(exc)[:200]})"
+                continue
             local = self.local.get(described.backend)
             if local is None:
-                log.warning("device %s offers backend %r, which this server does not have", actor, described.backend)
+                refused[actor] = f"it offers backend {described.backend[:40]!r}, which this server does not have"
+                continue
+            expected = local.hardware_key(described.hardware)
+            if described.hardware.key != expected:
+                # The key is what the memory ranks by: it must follow from the facts the actor measured.
+                refused[actor] = (f"its hardware key {described.hardware.key[:120]!r} does not follow from its own "
+                                  f"description (that gives {expected[:120]!r})")
                 continue
             cls = type(f"Remote{type(local).__name__}", (RemoteTarget,),
                        {"name": local.name, "language": local.language, "source_kind": local.source_kind,
                         "draws_cases": local.draws_cases})
             target = cls(self.settings, local, self.link, actor, described, self.config, self.lost)
             found[target.device] = target
+        for actor, why in refused.items():
+            if self.refused.get(actor) != why:
+                log.warning("cluster actor %s is left out: %s", actor, why)
+        self.refused = {name[:120]: why[:400] for name, why in refused.items()}
         return found
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kope_mcp.cluster import wire
 from kope_mcp.cluster.config import (
     NAMESPACE,
     NODE_RESOURCE,
@@ -24,7 +25,7 @@ from kope_mcp.cluster.config import (
     device_id,
     ray_environment,
 )
-from kope_mcp.cluster.device_actor import DeviceActor
+from kope_mcp.cluster.device_actor import DeviceActor, DeviceDescription
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import Target
 from kope_mcp.targets.registry import load_targets
@@ -70,7 +71,7 @@ def start_devices(worker: str, home: Path, backends: list[str],
         ).remote(worker, backend, str(home), (target_classes or {}).get(backend))
         created.append(actor)
     for actor in created:
-        ray.get(actor.describe.remote(), timeout=READY_TIMEOUT_S)
+        wire.decode(ray.get(actor.describe.remote(), timeout=READY_TIMEOUT_S), DeviceDescription)
     return [device_id(b, worker) for b in backends]
 
 

@@ -76,6 +76,10 @@ class WorkbenchDevices:
                 remote = dict(self.cluster.devices(refresh=True))
             except DeviceLostError as exc:  # the cluster being down must not hide this machine's own devices
                 warnings.append(exc.detail)
+            if self.cluster.link.warning:
+                warnings.append(self.cluster.link.warning)
+            warnings.extend(f"cluster actor {name} is not offered: {why}"
+                            for name, why in sorted(self.cluster.refused.items()))
         for key, target in {**self.targets, **remote}.items():
             status = target.status()
             state = ("ready" if status.profile else

@@ -84,6 +84,11 @@ class Target(ABC):
     def hardware(self) -> HardwareProfile:
         """The device results are measured on; its ``key`` is the memory's hardware_key."""
 
+    def hardware_key(self, profile: HardwareProfile) -> str:
+        """The key that ``profile``'s own facts give on this target: a cluster worker's described device is offered
+        only when its key is this (targets that derive their key from the facts say how here)."""
+        return profile.key
+
     # --- tasks in this target's language -------------------------------------------------------------------
     @abstractmethod
     def signature(self, task: Task) -> str | None:

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from kope_mcp.diagnostics import Diagnostic, parse_diagnostics
-from kope_mcp.hardware import HardwareProfile, detect_hardware, probe_compiler
+from kope_mcp.hardware import HardwareProfile, cpu_key, detect_hardware, probe_compiler
 from kope_mcp.models import CostCounts
 from kope_mcp.runtime.sandbox import SandboxLimits
 from kope_mcp.settings import KopeSettings
@@ -86,6 +86,9 @@ class CpuCTarget(Target):
 
     def hardware(self) -> HardwareProfile:
         return detect_hardware()
+
+    def hardware_key(self, profile: HardwareProfile) -> str:
+        return cpu_key(profile.arch, profile.cpu_model, profile.cores, profile.isa)
 
     def roofline(self) -> HardwareProfile | None:
         return detect_hardware()

@@ -74,10 +74,20 @@ def gpu_hardware(gpu: GpuInfo | None, default_arch: str) -> HardwareProfile:
     """The memory's hardware record of a GPU target: ``cuda/<GPU name>/<sm_XX>``, or ``cuda/no-gpu/<arch>`` for
     experience gathered where kernels were only compiled and interpreted."""
     if gpu is None:
-        return HardwareProfile(key=f"cuda/no-gpu/{default_arch}", arch=default_arch, cpu_model="no GPU", cores=0,
-                               isa=[], caches=[])
-    return HardwareProfile(key=f"cuda/{gpu.name}/{gpu.arch}", arch=gpu.arch, cpu_model=gpu.name, cores=gpu.sm_count,
-                           isa=[], caches=[])
+        profile = HardwareProfile(key="", arch=default_arch, cpu_model=NO_GPU, cores=0, isa=[], caches=[])
+    else:
+        profile = HardwareProfile(key="", arch=gpu.arch, cpu_model=gpu.name, cores=gpu.sm_count, isa=[], caches=[])
+    return profile.model_copy(update={"key": gpu_key(profile)})
+
+
+NO_GPU = "no GPU"
+
+
+def gpu_key(profile: HardwareProfile) -> str:
+    """A GPU target's hardware key, from the facts of its profile."""
+    if profile.cpu_model == NO_GPU:
+        return f"cuda/no-gpu/{profile.arch}"
+    return f"cuda/{profile.cpu_model}/{profile.arch}"
 
 
 def parse_arch(value: str) -> int:
@@ -178,6 +188,9 @@ class GpuTarget(Target):
     def hardware(self) -> HardwareProfile:
         gpu = detect_gpu()
         return gpu_hardware(gpu, gpu.arch if gpu else self.default_arch)
+
+    def hardware_key(self, profile: HardwareProfile) -> str:
+        return gpu_key(profile)
 
     def has_version(self, task: Task) -> bool:
         return (task.folder / self.baseline_file).is_file()

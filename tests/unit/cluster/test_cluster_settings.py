@@ -3,6 +3,8 @@ not answer, and a server without a cluster that never imports Ray."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -10,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from kope_mcp.cluster.config import ClusterSettingError, check_worker_name, token_path
+from kope_mcp.cluster.config import (
+    ClusterSettingError,
+    DriverIdentity,
+    check_worker_name,
+    driver_identity,
+    token_path,
+)
 from kope_mcp.errors import DeviceLostError
 from kope_mcp.services.workbench import Workbench
 from tests.conftest import VECTOR_ADD_OK, make_settings
@@ -75,3 +83,42 @@ def test_the_token_setting_reaches_the_server_from_the_environment(tmp_path, mon
     settings = make_settings(Path(tmp_path / "home"))
     assert settings.cluster == "10.0.0.5:6379" and settings.cluster_token == str(tmp_path / "t")
     assert settings.client_visible()["KOPE_CLUSTER"] == "10.0.0.5:6379"
+
+
+def test_the_driver_child_runs_as_the_servers_user_with_a_warning_when_the_local_node_is_that_users(tmp_path):
+    socket_file = tmp_path / "raylet"
+    socket_file.write_text("")
+    identity = driver_identity(socket_file, os.geteuid(), tmp_path)
+    assert identity.uid is None and identity.command(["python"]) == ["python"]
+    assert "runs as the server's own user" in identity.warning and str(tmp_path) not in identity.warning
+    assert driver_identity(tmp_path / "absent", os.geteuid(), tmp_path) == DriverIdentity(None, None, "")
+
+
+def test_the_driver_childs_environment_carries_the_token_by_value_and_nothing_of_the_server(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("secret-token\n")
+    env = DriverIdentity(1234, 1234, "").environment(token, {"KOPE_HOME": "/h", "KOPE_HTTP_TOKEN": "t",
+                                                             "RAY_AUTH_TOKEN_PATH": "/x", "PATH": "/bin"})
+    assert env["RAY_AUTH_TOKEN"] == "secret-token" and env["RAY_AUTH_MODE"] == "token" and env["HOME"] == "/"
+    assert "RAY_AUTH_TOKEN_PATH" not in env and not any(k.startswith("KOPE_") for k in env)
+    assert env["PATH"] == "/bin" and env["RAY_worker_niceness"] == "0"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_a_root_server_runs_its_driver_child_as_the_nodes_user_who_cannot_read_its_home(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "http-token").write_text("server secret")
+    socket_file = tmp_path / "raylet"
+    socket_file.write_text("")
+    os.chown(socket_file, 65534, 65534)  # a node started by another user
+    identity = driver_identity(socket_file, 0, home)
+    assert (identity.uid, identity.gid, identity.warning) == (65534, 65534, "")
+    probe = ("import os, sys\ntry:\n    open(sys.argv[1]).read(); print('read')\nexcept PermissionError:\n"
+             "    print('refused')\nprint(os.getuid(), sorted(k for k in os.environ if k.startswith('KOPE_')))")
+    run = subprocess.run(identity.command(["/usr/bin/env", "-S", "python3", "-c", probe, str(home / "http-token")]),
+                         env=identity.environment(None, {**os.environ, "KOPE_HOME": str(home)}), cwd="/",
+                         capture_output=True, text=True, timeout=60)
+    assert run.stdout.split("\n")[:2] == ["refused", "65534 []"], run.stderr
+    home.chmod(0o755)
+    assert "KOPE_HOME is open to other users" in driver_identity(socket_file, 0, home).warning

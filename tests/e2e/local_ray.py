@@ -1,0 +1,74 @@
+"""A real local Ray cluster for the cluster tests: a token-authenticated head and a second node, with a `kope
+worker`'s devices on each (alpha on the head, beta on the second node)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kope_mcp.cluster.config import ray_environment
+from kope_mcp.settings import KopeSettings
+from kope_mcp.targets.base import Target
+from tests.conftest import make_settings
+
+
+# Ray loads its token once per process: every cluster a test process starts shares this one.
+_TOKEN = secrets.token_hex(32)
+
+
+class LocalCluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.token = root / "token"
+        self.token.write_text(_TOKEN)
+        self.token.chmod(0o600)
+        self.saved = {k: os.environ.get(k) for k in ray_environment(self.token)}
+        os.environ.update(ray_environment(self.token))
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "resources": {"kope-node:alpha": 1}, "include_dashboard": False})
+        self.beta = self.cluster.add_node(num_cpus=1, resources={"kope-node:beta": 1})
+        ray.init(address=self.cluster.address, namespace="kope", log_to_driver=False)
+        self.start("alpha")
+        self.start("beta")
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def start(self, worker: str, classes: dict[str, type[Target]] | None = None) -> list[str]:
+        from kope_mcp.cluster.worker import start_devices
+
+        return start_devices(worker, self.root / f"worker-{worker}", list(classes or ["c"]), classes)
+
+    def settings(self, home: Path, **overrides: Any) -> KopeSettings:
+        return make_settings(home).model_copy(update={"cluster": self.address, "cluster_token": str(self.token),
+                                                      **overrides})
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The body of a module's ``cluster`` fixture. Ray reads its authentication settings when it is first
+    imported: this sets them, then imports it."""
+    local = LocalCluster(tmp_path_factory.mktemp("ray"))
+    try:
+        yield local
+    finally:
+        local.close()
