@@ -327,7 +327,7 @@ class ExperienceMemory(MemoryTransfer):
             self._sessions.put(session.session_id, session.model_copy(
                 update={"incumbent_id": kernel_id, "incumbent_speedup": report.speedup_vs_baseline}))
         for child in self.store.successors(kernel_id):
-            if child.speedup is not None:
+            if child.speedup is not None and child.origin == attempt.origin:
                 child_ratio = step_ratio(child.speedup, report.speedup_vs_baseline)
                 child_interval = ratio_interval((child.speedup_ci_low, child.speedup_ci_high),
                                                 report.speedup_vs_baseline, child_ratio)
@@ -495,6 +495,10 @@ class ExperienceMemory(MemoryTransfer):
         seen = 0
         while parent_id and seen < 1000:
             parent = self.store.attempt(parent_id)
+            if parent.origin != attempt.origin:
+                # Measured in another home (or this one's attempt under an import): another machine's baseline,
+                # no base for a step here. The step is from this home's own baseline.
+                return None
             # A suspect measurement (the baseline's own code among them) is no base to measure a step from.
             if parent.correct and parent.speedup is not None and not parent.suspect:
                 return parent.speedup

@@ -168,6 +168,10 @@ class Workbench(WorkbenchDevices):
         parent = self.memory.attempt(parent_id) if parent_id else None
         if parent is not None and parent.task_id != task_id:
             raise TaskMismatchError(f"parent {parent_id} is a kernel for task {parent.task_id!r}, not {task_id!r}")
+        if session_id is not None and self._imported_session(session_id):
+            # An imported session's measurements were made in another home: building on it starts the caller's
+            # own session here, measured against this machine's baseline, the lineage kept in parent_id.
+            session_id = None
         if session_id is not None:
             session = self.memory.session(session_id)
             if session.task_id != task_id:
@@ -323,6 +327,10 @@ class Workbench(WorkbenchDevices):
         self._save_test(record, report)
         progress(3, 3, "passed" if passed else f"failed: {failure}")
         return report
+
+    def _imported_session(self, session_id: str) -> bool:
+        latest = self.memory.latest_in_session(session_id)
+        return latest is not None and bool(latest.origin)
 
     def _require_sandbox(self) -> list[str]:
         """Warnings every result carries; refuses when kernels cannot be isolated and the user did not opt out."""
