@@ -321,16 +321,25 @@ class ExperienceService:
                                 "target": state.target}))
         if state.incumbent is not None:
             inc = state.incumbent
-            hot.append(HotItem("incumbent", inc.kernel_id, f"Incumbent: {inc.kernel_id}, {inc.speedup:.2f}x vs the "
-                               f"naive baseline ({inc.strategy or 'no strategy recorded'}; flags "
-                               f"{' '.join(inc.flags) or '-'}).", attempt_data(inc)))
+            hot.append(HotItem("incumbent", inc.kernel_id, f"Incumbent: {inc.kernel_id}{_elsewhere(inc)}, "
+                               f"{inc.speedup:.2f}x vs the naive baseline ({inc.strategy or 'no strategy recorded'};"
+                               f" flags {' '.join(inc.flags) or '-'}).", attempt_data(inc)))
         if state.latest is not None:
             hot.append(HotItem("feedback", state.latest.kernel_id, _feedback(state.latest),
                                attempt_data(state.latest)))
         return hot
 
 
+def _elsewhere(record: AttemptRecord) -> str:
+    """Every tier marks what was measured in another home: its numbers are that home's, untested here."""
+    return f" (imported from {record.origin}, measured there, untested here)" if record.origin else ""
+
+
 def _feedback(latest: AttemptRecord) -> str:
+    return _feedback_text(latest).replace(latest.kernel_id, latest.kernel_id + _elsewhere(latest), 1)
+
+
+def _feedback_text(latest: AttemptRecord) -> str:
     if not latest.ok:
         first = latest.diagnostics_digest.splitlines()[0] if latest.diagnostics_digest else "see the log"
         return f"Latest: {latest.kernel_id} did not compile: {first}"

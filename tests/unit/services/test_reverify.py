@@ -49,6 +49,10 @@ def test_a_local_child_of_an_imported_attempt_is_measured_from_local_evidence_in
         import_memory(other.memory, path, seal=HomeSeal("home-b", b"key of home-b".ljust(32, b".")))
         imported = other.store.attempt(naive_id)
         assert imported.origin and imported.speedup == 55.0
+        # Asked from inside the imported session, the hot tier says whose measurement its latest attempt is.
+        answer = ExperienceService(other.memory, other.tasks).query_experience(
+            "what next?", session_id=imported.session_id, token_budget=3000)
+        assert f"Latest: {naive_id} (imported from {imported.origin}, measured there" in answer.context
         # Its parent and the imported session's id, as an agent that read them from an answer would pass them.
         child = other.compile_kernel("vector_add", VECTOR_ADD_OK, parent_id=naive_id,
                                      session_id=imported.session_id, strategy="the same loop, here")
