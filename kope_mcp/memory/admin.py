@@ -42,6 +42,7 @@ from kope_mcp.errors import KopeError
 from kope_mcp.memory.experience_memory import SIDECARS, ExperienceMemory, now
 from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord
 from kope_mcp.memory.schema import EMBEDDING_DIM
+from kope_mcp.memory.strategies import strategy_key
 from kope_mcp.memory.transfer import MemoryStats
 
 FORMAT = "kope-memory"
@@ -273,6 +274,9 @@ class _Importer:
         # Kùzu's COPY does not keep a file's order in the database, so the export of a home that once imported
         # lists some children before their parents (45 of 250k attempts in one such export).
         self.forward: list[tuple[str, str, int]] = []
+        # Canonical strategy key -> this memory's strategy id; an imported strategy id -> the one it merged into.
+        self.strategy_keys: dict[str, str] | None = None
+        self.alias: dict[str, str] = {}
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kope-import-writer")
         self._pending: tuple[Future[int], int, str] | None = None
 
@@ -294,6 +298,8 @@ class _Importer:
             if kind == "attempt":
                 row |= {"suspect": True, "suspect_reason": "changed after its export (sha256 mismatch): not "
                         "evidence of anything"}
+        if self._merged_strategy(kind, row):
+            return
         if not own and kind in ("attempt", "lesson"):
             self.unproven += 1
             row["origin"] = row.get("origin") or self.foreign  # a re-export keeps the first home's name
@@ -312,6 +318,26 @@ class _Importer:
         self.flush()
         self.wait()  # later rows (an attempt's lessons, say) may need what is in flight
         self._count(kind, 1 if _import_row(self.memory, kind, row) else 0, 1)
+
+    def _merged_strategy(self, kind: str, row: dict[str, Any]) -> bool:
+        """A strategy that this memory already has under another id (the same canonical key of its name) is not
+        added again: what names it is pointed at this memory's own, and its vector is not needed. True when the
+        row is done with."""
+        if self.strategy_keys is None:
+            self.strategy_keys = {record.key: record.strategy_id for record in self.memory.store.strategies()}
+        if kind == "strategy" and isinstance(row.get("strategy_id"), str):
+            key = strategy_key(str(row.get("name") or ""))
+            known = self.strategy_keys.setdefault(key, row["strategy_id"])
+            if known != row["strategy_id"]:
+                self.alias[row["strategy_id"]] = known
+                self._count("strategy", 0, 1)
+                return True
+        elif kind in ("attempt", "lesson") and row.get("strategy_id") in self.alias:
+            row["strategy_id"] = self.alias[row["strategy_id"]]
+        elif kind == "embedding" and row.get("id") in self.alias:
+            self._count("embedding", 0, 1)
+            return True
+        return False
 
     def flush(self) -> None:
         """Hand the chunk read so far to the writer thread, which writes it while the next one is read and checked

@@ -230,3 +230,25 @@ def test_a_parent_that_is_nowhere_is_refused_with_its_line_even_when_later_lines
     assert "export.jsonl:8:" in str(refused.value) and "'k-99999'" in str(refused.value)
     assert "anywhere in the file" in str(refused.value)
     memory.close()
+
+
+def test_an_imported_strategy_merges_into_this_memorys_own_by_canonical_key(tmp_path):
+    memory = ExperienceMemory.open(tmp_path / "memory.kuzu", embeddings=False)
+    try:
+        own = memory.canonical_strategy("Unrolled by four")  # another id and spelling, the same canonical key
+        assert own.strategy_id != "st-1"
+        path = tmp_path / "export.jsonl"
+        write_export(path, chain(5), extra=[
+            ("lesson", LessonRecord(lesson_id="x-1", text="unrolling helped", strategy="unroll by four",
+                                    strategy_id="st-1", task_id="relu", family="activation", label="lesson",
+                                    verified=False, confidence=0.5, created_at="2026-01-01").model_dump()),
+            ("embedding", {"id": "st-1", "item_kind": "strategy", "model": "all-MiniLM-L6-v2", "vector": unit(1)})])
+        report = import_memory(memory, path)
+        assert report.skipped_existing["strategy"] == 1 and report.skipped_existing["embedding"] == 1
+        assert [s.strategy_id for s in memory.store.strategies()] == [own.strategy_id]
+        assert {memory.attempt(f"k-{n:05d}").strategy_id for n in (1, 3, 5)} == {own.strategy_id}
+        assert memory.store.lesson("x-1").strategy_id == own.strategy_id
+        assert edges(memory, "APPLIED") == 3  # the three attempts, to this memory's strategy
+        assert int(memory.store._rows("MATCH (:Lesson)-[:ABOUT]->(s:Strategy) RETURN count(s) AS c")[0]["c"]) == 1
+    finally:
+        memory.close()
