@@ -12,8 +12,10 @@ Caps (the paper gives no values; these are ours, and why):
 - the warm tier (this task or family, this hardware, this error) gets at most ``warm_share`` (70%) of what is left
   after the hot tier and at most ``warm_max_items`` (12): beyond that the marginal item repeats what the first
   ones said;
-- the cold tier (other families, other hardware, other homes) gets the rest, at most ``cold_max_items`` (6): it
-  is there for feasibility ("this worked elsewhere"), not as the main evidence;
+- the cold tier (other families, other hardware, other homes) gets the rest, at most ``cold_max_items`` (6) plus
+  the warm tier's unused slots (``cold_takes_unused_warm``): it is there for feasibility ("this worked
+  elsewhere"), not as the main evidence, but where there is no warm evidence (a home made of imports answered
+  with 6 items, 529 tokens of 4,000) it is all there is;
 - MMR with ``mmr_lambda`` 0.7 keeps relevance first but drops an item whose text is >= ``near_duplicate`` (0.9)
   similar to one already taken;
 - coverage: the warm tier keeps room for the best pitfalls of up to ``pitfall_min_items`` (3) distinct strategies
@@ -112,6 +114,8 @@ class SelectionConfig(BaseModel):
     warm_share: float = 0.7
     warm_max_items: int = 12
     cold_max_items: int = 6
+    cold_takes_unused_warm: bool = Field(True, description="The cold tier's cap grows by the warm tier's unused "
+                                         "slots: a home made of imports still fills its budget.")
     pitfall_min_items: int = 3
     strategy_max_items: int = 2
     mmr_lambda: float = 0.7

@@ -191,6 +191,10 @@ class ExperienceService:
             config = self.config
             for tier, cap, share in (("warm", config.warm_max_items, config.warm_share),
                                      ("cold", config.cold_max_items, 1.0)):
+                if tier == "cold" and config.cold_takes_unused_warm:
+                    # A home made of imports (or of other hardware) has little warm evidence: the slots the warm
+                    # tier left are the cold tier's, so the budget is still filled.
+                    cap += max(0, config.warm_max_items - len(chosen))
                 ranked = sorted((s for s, _, t in scored.values() if t == tier), key=lambda s: (-s.score, s.item_id))
                 # MMR reaches a few times the cap at most: pairwise similarity for the best mmr_pool_per_item * cap
                 # only (the whole pool was O(n^2): ~20 ms a query at 50k lessons).

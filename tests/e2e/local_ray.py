@@ -16,7 +16,6 @@ from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import Target
 from tests.conftest import make_settings
 
-
 # Ray loads its token once per process: every cluster a test process starts shares this one.
 _TOKEN = secrets.token_hex(32)
 
