@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from kope_mcp.errors import KopeError
 
+MEMORY_FILE = "memory.kuzu"  # the graph database in KOPE_HOME
 
 class InvalidSettingError(KopeError):
     code = "invalid_setting"
@@ -138,4 +139,4 @@ class KopeSettings(BaseModel):
 
     @property
     def memory_path(self) -> Path:
-        return self.home / "memory.kuzu"
+        return self.home / MEMORY_FILE

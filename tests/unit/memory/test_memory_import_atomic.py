@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from kope_mcp.app import daemon
 from kope_mcp.memory import admin as memory_admin
-from kope_mcp.memory.admin import FORMAT, VERSION
+from kope_mcp.memory.admin import FORMAT, STAGING_SUFFIX, VERSION
 from kope_mcp.memory.experience_memory import ExperienceMemory
 from kope_mcp.memory.read_index import ReadIndex, database_stamp
 from kope_mcp.memory.records import LessonRecord
@@ -177,3 +178,20 @@ def test_an_import_whose_page_cache_is_too_small_is_done_again_without_the_bound
     store = KuzuExperienceStore(settings.memory_path)
     assert store.counts()["Lesson"] == 3000
     store.close()
+
+
+def test_the_homes_next_owner_removes_what_a_killed_import_left_and_a_second_claim_removes_nothing(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    leftovers = [home / f"memory.kuzu{STAGING_SUFFIX}{suffix}" for suffix in ("", ".wal", ".index")]
+    for path in leftovers:
+        path.write_bytes(b"x" * 1024)
+    (home / "memory.kuzu").write_bytes(b"the memory")
+    owner = daemon.claim(home)
+    assert owner is not None
+    try:
+        assert not any(p.exists() for p in leftovers) and (home / "memory.kuzu").read_bytes() == b"the memory"
+        leftovers[0].write_bytes(b"an import the owner is running")
+        assert daemon.claim(home) is None and leftovers[0].exists()  # not the owner: touches nothing
+    finally:
+        owner.release()
