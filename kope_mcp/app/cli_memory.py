@@ -145,7 +145,7 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
             counts = export_memory(memory, Path(str(target)), home_seal(settings.home))
             print(f"exported to {target}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
         else:
-            memory.close()  # checkpointed: the import works on a copy (import_into_copy)
+            memory.close()  # checkpointed: the import opens the memory itself (import_file)
             report = _import(settings, Path(str(target)))
             print(f"imported from {target}: added {report.added or 'nothing'}; "
                   f"already present {report.skipped_existing or 'nothing'}"
@@ -171,17 +171,18 @@ def _on_held_home(action: str, target: str | None, reverify: bool, settings: Kop
 
 
 def _import(settings: KopeSettings, export: Any) -> Any:
-    """import_into_copy with a bounded page cache; once more without the bound when Kùzu needs more than it (the
+    """import_file with a bounded page cache; once more without the bound when Kùzu needs more than it (the
     first try changed nothing: imports are all or nothing)."""
-    from kope_mcp.memory.admin import home_seal, import_into_copy
+    from kope_mcp.memory.admin import home_seal
     from kope_mcp.memory.experience_memory import ExperienceMemory
+    from kope_mcp.memory.import_modes import import_file
 
     for cache in (IMPORT_CACHE_BYTES, 0):
         def opener(path: Any, cache: int = cache) -> ExperienceMemory:
             return ExperienceMemory.open(path, embeddings=False, cache_bytes=cache)
 
         try:
-            return import_into_copy(settings.memory_path, export, opener, home_seal(settings.home))
+            return import_file(settings.memory_path, export, opener, home_seal(settings.home))
         except RuntimeError as exc:  # Kùzu's own: "Buffer manager exception: ... The buffer pool is full ..."
             if cache == 0 or "buffer pool is full" not in str(exc):
                 raise

@@ -94,7 +94,7 @@ def claim(home: Path) -> Ownership | None:
         return None
     # The owner is the only process that may touch the database: what a killed import left beside it (a copy of
     # the whole memory, its log) goes now, not at the next import.
-    from kope_mcp.memory.admin import remove_staging
+    from kope_mcp.memory.import_modes import remove_staging
     from kope_mcp.settings import MEMORY_FILE
 
     remove_staging(home / MEMORY_FILE)

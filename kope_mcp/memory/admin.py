@@ -29,8 +29,6 @@ import json
 import math
 import os
 import secrets
-import shutil
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from kope_mcp.errors import KopeError
-from kope_mcp.memory.experience_memory import SIDECARS, ExperienceMemory, now
+from kope_mcp.memory.experience_memory import ExperienceMemory, now
 from kope_mcp.memory.records import AttemptRecord, LessonRecord, SessionRecord
 from kope_mcp.memory.schema import EMBEDDING_DIM
 from kope_mcp.memory.strategies import strategy_key
@@ -151,74 +149,6 @@ def export_memory(memory: ExperienceMemory, path: Path, seal: HomeSeal | None = 
     return counts
 
 
-STAGING_SUFFIX = ".importing"
-
-
-def import_into_copy(memory_path: Path, export: Path,
-                     open_memory: Callable[[Path], ExperienceMemory], seal: HomeSeal | None = None) -> ImportReport:
-    """Import ``export`` all or nothing: into a copy of the closed database at ``memory_path``, which replaces
-    the original (one rename) only once the copy is complete and closed.
-
-    An import killed in the middle of the database's own files left homes that never opened again (the
-    write-ahead log's recovery failed on a duplicated primary key, 2 of 13 kills at 45-95%), and others with
-    lessons that lost their links to task and strategy. Killed now, it leaves the original as it was and a
-    staging copy the next import removes; an export that turns out invalid half-way adds nothing either. The
-    caller must own the home (no server on it) and must have closed its own store on ``memory_path``."""
-    staging = memory_path.with_name(memory_path.name + STAGING_SUFFIX)
-    # The read index and the vector file beside the database go with it (the index's stamp names the database).
-    sidecars = [(p.with_name(p.name + suffix), p.with_name(p.name + STAGING_SUFFIX + suffix))
-                for suffix in SIDECARS for p in (memory_path,)]
-    remove_staging(memory_path)
-    if memory_path.exists():
-        # copy2 keeps the modification times the read index's stamp names: a trusted index stays trusted.
-        shutil.copy2(memory_path, staging)
-        for current, copy in sidecars:
-            if current.exists():
-                shutil.copy2(current, copy)
-    memory = open_memory(staging)
-    memory.prepare_bulk()
-    try:
-        report = import_memory(memory, export, seal)
-        memory.finish_bulk(completed=True)
-    except BaseException:
-        memory.finish_bulk(completed=False)
-        memory.close()
-        remove_staging(memory_path)
-        raise
-    memory.close()
-    leftovers = [p for p in staging.parent.glob(staging.name + "*")
-                 if p != staging and p not in {copy for _, copy in sidecars}]
-    if leftovers:  # a clean close leaves the database file and its index alone; else the copy is not whole
-        remove_staging(memory_path)
-        raise OSError(f"the imported copy did not close cleanly ({', '.join(p.name for p in leftovers)}); the "
-                      "memory is unchanged")
-    for path in (staging, *(copy for _, copy in sidecars)):
-        if path.exists():
-            _fsync(path)
-    # Killed between these renames, the index in place names another database file than the one in place (its
-    # stamp), so it and the vectors are rebuilt from the graph at the next start: any order is safe.
-    for current, copy in sidecars:
-        if copy.exists():
-            os.replace(copy, current)
-    os.replace(staging, memory_path)
-    _fsync(memory_path.parent)
-    return report
-
-
-def remove_staging(memory_path: Path) -> None:
-    """Whatever an interrupted import left beside the database (the copy, its log and journal)."""
-    for leftover in memory_path.parent.glob(memory_path.name + STAGING_SUFFIX + "*"):
-        leftover.unlink(missing_ok=True)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def import_memory(memory: ExperienceMemory, path: Path, seal: HomeSeal | None = None) -> ImportReport:
     """Merge an export into ``memory``; ``seal`` is this home's (the lines its key proves come back as its own)."""
     importer = _Importer(memory, path, seal)
@@ -324,7 +254,7 @@ class _Importer:
         added again: what names it is pointed at this memory's own, and its vector is not needed. True when the
         row is done with."""
         if self.strategy_keys is None:
-            self.strategy_keys = {record.key: record.strategy_id for record in self.memory.store.strategies()}
+            self.strategy_keys = {record.key: record.strategy_id for record in self.memory.strategies()}
         if kind == "strategy" and isinstance(row.get("strategy_id"), str):
             key = strategy_key(str(row.get("name") or ""))
             known = self.strategy_keys.setdefault(key, row["strategy_id"])

@@ -184,6 +184,14 @@ class ReadIndex:
                 self._complete.set()
             return self.complete
 
+    def invalidate(self) -> None:
+        """The graph lost writes the index got (a rolled-back import): incomplete from now on, and rebuilt from
+        the graph at the next start."""
+        with self._lock:
+            self._complete.clear()
+            self._set_meta(clean="0", format=FORMAT)
+            self._clean_on_disk = False
+
     def warm(self) -> None:
         """Read the file once through the OS (a background thread at start), so that the first questions after a
         cold start find its B-tree pages in the page cache rather than fill it one question at a time: at a

@@ -19,6 +19,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,20 @@ class KuzuExperienceStore(BulkLoading, JournalledAttempts):
         # A MATCH that finds nothing makes the CREATE after it a silent no-op: never let a write vanish.
         if not self.has_node(table, key, value):
             raise ValueError(f"{table} {value!r} was not created: {why}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Every write of the block in one Kùzu transaction on this store's one connection: all of it is in the
+        database after the block, or none of it (an exception rolls back; a kill before the commit leaves the
+        log's uncommitted records, which recovery drops). For a store nobody else writes to meanwhile (an admin
+        command on a held home): the block's own threads write through the lock as usual."""
+        self._exec("BEGIN TRANSACTION")
+        try:
+            yield
+        except BaseException:
+            self._exec("ROLLBACK")
+            raise
+        self._exec("COMMIT")
 
     def schema_version(self) -> int:
         return max((row["v"] for row in self._rows("MATCH (m:KopeMigration) RETURN m.version AS v")), default=0)

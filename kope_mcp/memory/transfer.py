@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -201,6 +202,21 @@ class MemoryTransfer:
             worker.join()
         if failed:
             raise failed[0]
+
+    def strategies(self) -> list[StrategyRecord]:
+        """Every strategy node, oldest first."""
+        return self.store.strategies()
+
+    @contextmanager
+    def all_or_nothing(self) -> Iterator[None]:
+        """The block's writes in one transaction of the graph (an admin command's in-place import); a block that
+        fails leaves the graph as it was and the read index, which got its rows as they came, to be rebuilt."""
+        with self.store.transaction():
+            try:
+                yield
+            except BaseException:
+                self.index.invalidate()
+                raise
 
     def prepare_bulk(self) -> None:
         """For an import into a copy nobody serves: indexes built once at the end, no journals (the copy is thrown

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from kope_mcp.app import daemon
-from kope_mcp.memory import admin as memory_admin
-from kope_mcp.memory.admin import FORMAT, STAGING_SUFFIX, VERSION
+from kope_mcp.memory import import_modes
+from kope_mcp.memory.admin import FORMAT, VERSION, InvalidExportError, export_line
 from kope_mcp.memory.experience_memory import ExperienceMemory
+from kope_mcp.memory.import_modes import STAGING_SUFFIX
 from kope_mcp.memory.read_index import ReadIndex, database_stamp
 from kope_mcp.memory.records import LessonRecord
 from kope_mcp.memory.store import KuzuExperienceStore
@@ -106,7 +107,7 @@ def test_an_import_killed_between_its_two_renames_leaves_an_index_that_is_rebuil
     home = tmp_path / "home"
     home_with_data(home)
     open_memory = lambda path: ExperienceMemory.open(path, embeddings=False)  # noqa: E731
-    memory_admin.import_into_copy(home / "memory.kuzu", earlier, open_memory)
+    import_modes.import_into_copy(home / "memory.kuzu", earlier, open_memory)
     renames: list[tuple[str, str]] = []
     real_replace = os.replace
 
@@ -116,9 +117,9 @@ def test_an_import_killed_between_its_two_renames_leaves_an_index_that_is_rebuil
         renames.append((Path(src).name, Path(dst).name))
         real_replace(src, dst)
 
-    monkeypatch.setattr(memory_admin.os, "replace", killed_after_one)
+    monkeypatch.setattr(import_modes.os, "replace", killed_after_one)
     with pytest.raises(KeyboardInterrupt):
-        memory_admin.import_into_copy(home / "memory.kuzu", export, open_memory)
+        import_modes.import_into_copy(home / "memory.kuzu", export, open_memory)
     monkeypatch.undo()
     assert renames == [("memory.kuzu.importing.index", "memory.kuzu.index")]  # the new index, the old graph
     memory = ExperienceMemory.open(home / "memory.kuzu", embeddings=False)
@@ -195,3 +196,57 @@ def test_the_homes_next_owner_removes_what_a_killed_import_left_and_a_second_cla
         assert daemon.claim(home) is None and leftovers[0].exists()  # not the owner: touches nothing
     finally:
         owner.release()
+
+
+def _written_by_import(home: Path, export: Path) -> int:
+    """Bytes `kope memory import` wrote (its write system calls: the database, its log, the read index)."""
+    probe = ("import runpy, sys\nsys.argv = ['kope', 'memory', 'import', sys.argv[1]]\ntry:\n"
+             "    runpy.run_module('kope_mcp', run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
+             "io = dict(l.split(': ') for l in open('/proc/self/io').read().splitlines())\n"
+             "print('WCHAR', io['wchar'], code, file=sys.stderr)\n")
+    run = subprocess.run([sys.executable, "-c", probe, str(export)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "KOPE_EMBEDDINGS": "off", "KOPE_HOME": str(home)})
+    line = next(x for x in run.stderr.splitlines() if x.startswith("WCHAR"))
+    _, written, code = line.split()
+    assert code in ("0", "None"), run.stderr
+    return int(written)
+
+
+def test_a_small_import_into_a_large_home_writes_what_it_adds_not_a_copy_of_the_home(tmp_path):
+    from tests.unit.memory.test_memory_import_chunks import attempt
+    from tests.unit.memory.test_memory_import_chunks import write_export as write_attempts
+
+    home = tmp_path / "home"
+    home_with_data(home)
+    team = tmp_path / "team.jsonl"
+    write_export(team, 50_000)
+    _written_by_import(home, team)
+    earlier, six = tmp_path / "earlier.jsonl", tmp_path / "six.jsonl"
+    write_attempts(earlier, [attempt(n, parent=None) for n in range(1, 7)])  # a team's home has attempts too
+    _written_by_import(home, earlier)
+    size = sum(p.stat().st_size for p in home.iterdir() if p.name.startswith("memory.kuzu"))
+    write_attempts(six, [attempt(n, parent=None) for n in range(7, 13)])
+    written = _written_by_import(home, six)
+    store = KuzuExperienceStore(home / "memory.kuzu")
+    counts = store.counts()
+    store.close()
+    assert counts["Lesson"] == 50_000 and counts["Attempt"] == 12
+    assert written < 10 * 1024**2, f"{written / 1e6:.1f} MB written for 6 attempts into a {size / 1e6:.0f} MB home"
+
+
+def test_an_in_place_import_that_fails_half_way_leaves_the_graph_as_it_was_and_its_index_rebuilt(tmp_path):
+    home = tmp_path / "home"
+    home_with_data(home)
+    export = tmp_path / "export.jsonl"
+    write_export(export, 3000)
+    from tests.unit.memory.test_memory_import_chunks import attempt
+
+    with export.open("a") as fh:  # 3000 good lessons, written, then a line that refuses the whole file
+        fh.write(export_line("attempt", attempt(1, None, session="s-nowhere").model_dump()) + "\n")
+    open_memory = lambda path: ExperienceMemory.open(path, embeddings=False)  # noqa: E731
+    with pytest.raises(InvalidExportError):
+        import_modes.import_file(home / "memory.kuzu", export, open_memory)
+    assert served(home) == 0  # the index had the 3000 as they came: it was rebuilt from the graph
+    store = KuzuExperienceStore(home / "memory.kuzu")
+    assert store.counts()["Lesson"] == 0 and store.counts()["Task"] == 1
+    store.close()
