@@ -84,7 +84,9 @@ class SelectionConfig(BaseModel):
         description="Quality by measured label: wins first, measured losses (pitfalls) after; 'lesson' for words "
                     "nobody measured.")
     downstream_cap: float = Field(3.0, description="A case's quality grows with the later wins built on it, up to "
-                                  "this much downstream credit (x0.5 with none, x1.5 at the cap).")
+                                  "this much downstream credit (x downstream_floor with none, one more at the "
+                                  "cap).")
+    downstream_floor: float = Field(0.5, description="A case's quality factor with no downstream credit.")
     min_confidence: float = Field(0.1, description="The floor of a measurement's confidence in a quality.")
     pitfall_quality: dict[str, float] = Field(
         default_factory=lambda: {"broken": 0.6, "negative": 0.45, "ineffective": 0.3},
@@ -96,6 +98,8 @@ class SelectionConfig(BaseModel):
                                          "accident.")
     repeated_failure_cap: float = 2.0
     lesson_gain: bool = Field(True, description="A lesson with a measured speedup weighs by it (6x > 1.02x).")
+    lesson_gain_scale: float = Field(2.0, description="With lesson_gain: quality x scale x gain_factor(speedup) "
+                                     "(x1 at 1x, x2 at 2x, x4 from 8x on).")
     fix_quality: float = Field(0.8, description="A recorded fix for the error at hand.")
     fix_text_match: float = Field(0.3, description="A failure lesson answers an error when its BM25 or cosine "
                                   "match reaches this.")

@@ -30,7 +30,8 @@ def score(cand: Candidate, state: QueryState, config: SelectionConfig) -> tuple[
     relevance += config.same_signature_bonus if same_sig else 0.0
     if cand.kind == "case" and rec is not None:
         credit = min(rec.downstream, config.downstream_cap) / config.downstream_cap
-        quality = config.label_prior[rec.label] * (0.5 + credit) * max(rec.confidence, config.min_confidence)
+        quality = config.label_prior[rec.label] * (config.downstream_floor + credit) * \
+            max(rec.confidence, config.min_confidence)
     elif cand.kind == "fix":
         quality = config.fix_quality
     elif cand.kind == "pitfall" and rec is not None:
@@ -46,7 +47,7 @@ def score(cand: Candidate, state: QueryState, config: SelectionConfig) -> tuple[
         quality = (prior.get(lesson.label, prior["lesson"]) if measured else prior["lesson"]) * \
             max(lesson.confidence, config.min_confidence)
         if config.lesson_gain and lesson.label in ("effective", "partial") and lesson.speedup is not None:
-            quality *= 2 * gain_factor(lesson.speedup)  # a 6x win says more than a 1.02x tweak
+            quality *= config.lesson_gain_scale * gain_factor(lesson.speedup)  # 6x says more than 1.02x
     else:
         return None
     fix_like = cand.kind == "fix" or (lesson is not None and quality == config.fix_quality)
