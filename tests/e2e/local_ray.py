@@ -3,6 +3,7 @@ worker`'s devices on each (alpha on the head, beta on the second node)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import Target
 from tests.conftest import make_settings
 
+OBJECT_STORE_BYTES = 512 * 1024**2  # per node: a profile's inputs and outputs pass through it
 # Ray loads its token once per process: every cluster a test process starts shares this one.
 _TOKEN = secrets.token_hex(32)
 
@@ -31,12 +33,21 @@ class LocalCluster:
         import ray
         from ray.cluster_utils import Cluster
 
+        # A memory budget of the cluster's own (not a share of whatever the machine has), and the object store in
+        # a folder of its own where /dev/shm is not this user's to write (some containers make it root's 0700).
+        self.node_args: dict[str, Any] = {"num_cpus": 1, "object_store_memory": OBJECT_STORE_BYTES}
+        if not os.access("/dev/shm", os.W_OK):
+            (root / "plasma").mkdir()
+            self.node_args["plasma_directory"] = str(root / "plasma")
         self.cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "resources": {"kope-node:alpha": 1}, "include_dashboard": False})
-        self.beta = self.cluster.add_node(num_cpus=1, resources={"kope-node:beta": 1})
+            **self.node_args, "resources": {"kope-node:alpha": 1}, "include_dashboard": False})
+        self.beta = self.add_node("beta")
         ray.init(address=self.cluster.address, namespace="kope", log_to_driver=False)
         self.start("alpha")
         self.start("beta")
+
+    def add_node(self, name: str) -> Any:
+        return self.cluster.add_node(**self.node_args, resources={f"kope-node:{name}": 1})
 
     @property
     def address(self) -> str:
@@ -63,9 +74,14 @@ class LocalCluster:
                 os.environ[key] = value
 
 
+# What every test module on a local cluster carries as its pytestmark.
+NEEDS_RAY = [pytest.mark.slow,
+             pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs kope-mcp[cluster]")]
+
+
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """The body of a module's ``cluster`` fixture. Ray reads its authentication settings when it is first
-    imported: this sets them, then imports it."""
+    """The body of the ``cluster`` fixture (tests/e2e/conftest.py): one cluster per test module. Ray reads its
+    authentication settings when it is first imported: this sets them, then imports it."""
     local = LocalCluster(tmp_path_factory.mktemp("ray"))
     try:
         yield local

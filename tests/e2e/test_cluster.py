@@ -4,7 +4,6 @@ that comes back, a client without the token, and `kope worker` itself."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import signal
@@ -12,12 +11,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 from mcp import Client, StdioServerParameters
 
 from kope_mcp.app.server import build_server
@@ -27,15 +24,9 @@ from kope_mcp.services.workbench import Workbench
 from kope_mcp.targets.base import TargetStatus
 from kope_mcp.targets.registry import load_targets
 from tests.conftest import VECTOR_ADD_OK
-from tests.e2e.local_ray import LocalCluster, local_cluster
+from tests.e2e.local_ray import NEEDS_RAY
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs kope-mcp[cluster]")]
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    yield from local_cluster(tmp_path_factory)
+pytestmark = NEEDS_RAY
 
 
 def _close(bench: Workbench) -> None:
@@ -131,7 +122,7 @@ def test_a_node_lost_mid_profile_is_device_lost_nothing_is_recorded_and_a_return
         assert bench.memory.attempt(compiled.kernel_id).median_s is None
         assert "c@beta" not in {d.id for d in bench.list_devices().devices}
 
-        cluster.beta = cluster.cluster.add_node(num_cpus=1, resources={"kope-node:beta": 1})
+        cluster.beta = cluster.add_node("beta")
         assert cluster.start("beta") == ["c@beta"]
         assert "c@beta" in {d.id for d in bench.list_devices().devices}
     finally:

@@ -5,17 +5,14 @@ those devices is offered."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 from mcp import Client
 
 from kope_mcp.app.server import build_server
@@ -24,15 +21,9 @@ from kope_mcp.cluster.config import NAMESPACE, NODE_RESOURCE, actor_name
 from kope_mcp.cluster.device_actor import DeviceDescription
 from kope_mcp.services.workbench import Workbench
 from kope_mcp.targets.registry import load_targets
-from tests.e2e.local_ray import LocalCluster, local_cluster
+from tests.e2e.local_ray import NEEDS_RAY, LocalCluster
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs kope-mcp[cluster]")]
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    yield from local_cluster(tmp_path_factory)
+pytestmark = NEEDS_RAY
 
 
 def detonator_class(marker: str) -> type:
