@@ -383,18 +383,20 @@ class Workbench(WorkbenchDevices):
         device_class = target.device_class()
         profile = task.spec.profile_for(device_class)
         sizes = profile.sizes
-        progress(0, 3, "drawing fresh input sets and their reference outputs at the profiling size")
-        pool = draw_profile_inputs(task, self.references, device_class)
-        sets, expected = pool.sets, pool.expected
         hardware = target.hardware()
         # Calls on the same set must agree within the task's own tolerance, not the profiling case's wider one
         # (that one allows for float32 rounding against the reference over millions of elements; one kernel's
         # calls differ at most by their summation order): a kernel cheap on all but the first call is caught.
         tol = next(iter(task.spec.tolerance.values()))
-        progress(1, 3, "waiting for the measurement slot")
+        progress(0, 3, "waiting for the measurement slot")
         client = (agent or AgentInfo()).display
         slot = self.measure_slot(record.target)
         with slot.hold(client) as wait:
+            # Drawn only once the device is this call's: a queued profile holds no input pool (0.6-1.2 GB each
+            # for vector_add; eight queued clients took the daemon to 5.8 GB and the OOM killer).
+            progress(1, 3, "drawing fresh input sets and their reference outputs at the profiling size")
+            pool = draw_profile_inputs(task, self.references, device_class)
+            sets, expected = pool.sets, pool.expected
             cap = self.settings.profile_time_cap_s
             progress(2, 3, f"measuring kernel, baseline{' and reference' if time_reference else ''} interleaved "
                      f"(~{cap:g} s)")
@@ -414,6 +416,10 @@ class Workbench(WorkbenchDevices):
         base_key, pin = measured.baseline_key, measured.pinned_cpu
         failure, message = profile_failure(task, outcome, sets, expected, profile,
                                            variants=variant_references(task, outcome, sets))
+        # The inputs and the outputs are judged: what follows (statistics, the record) needs none of their arrays.
+        checked_sets = len(outcome.outputs)
+        outcome.outputs = []
+        del pool, sets, expected
         if failure is not None:
             report = ProfileReport(
                 kernel_id=kernel_id, task_id=task.id, case=CaseInfo(name=profile.name, sizes=sizes),
@@ -462,7 +468,7 @@ class Workbench(WorkbenchDevices):
             threads=threads, pinned_cpu=pin, rounds=int(outcome.result.get("rounds", 0)),
             measure_seconds=round(float(outcome.result.get("seconds", 0.0)), 3), hardware=hardware,
             warnings=warnings, deterministic=costs if isinstance(costs, CostCounts) else None,
-            checked_input_sets=len(outcome.outputs), repeated_calls=int(outcome.result.get("repeated_calls") or 0),
+            checked_input_sets=checked_sets, repeated_calls=int(outcome.result.get("repeated_calls") or 0),
             suspect=bool(reasons), suspect_reasons=reasons, noisy=bool(noise), noise_reasons=noise,
             same_code_as_baseline=same_code,
             **queueing,

@@ -1,8 +1,11 @@
 """profile_kernel's report: what was measured, on what, and under which conditions."""
 
+import threading
+
 import pytest
 
 from kope_mcp.hardware import detect_hardware
+from tests.conftest import VECTOR_ADD_OK
 
 OPENMP_VECTOR_ADD = """#include <stdint.h>
 void kernel(const float *a, const float *b, float *out, int64_t n) {
@@ -47,3 +50,27 @@ def test_an_openmp_kernel_runs_on_every_core_and_the_report_says_so(workbench):
     assert not report.suspect_reasons or not any("given one" in r for r in report.suspect_reasons)
     if report.threads > 1:
         assert any(f"kept {report.threads} CPUs busy" in w for w in report.warnings)
+
+
+def test_a_queued_profile_draws_its_inputs_only_once_it_holds_the_device(workbench, monkeypatch):
+    from kope_mcp.services import workbench as workbench_module
+
+    compiled = workbench.compile_kernel("vector_add", VECTOR_ADD_OK, strategy="plain loop")
+    assert workbench.run_tests(compiled.kernel_id).passed
+    drawn = threading.Event()
+    real_draw = workbench_module.draw_profile_inputs
+
+    def draw(*args: object) -> object:
+        drawn.set()
+        return real_draw(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(workbench_module, "draw_profile_inputs", draw)
+    reports: list[object] = []
+    with workbench.measure_slot("c").hold("another client"):
+        waiting = threading.Thread(target=lambda: reports.append(
+            workbench.profile_kernel(compiled.kernel_id, time_reference=False)))
+        waiting.start()
+        # Queued behind the other client: it holds no input pool (a pool is 0.6-1.2 GB for vector_add).
+        assert not drawn.wait(timeout=1.5)
+    waiting.join(timeout=300)
+    assert drawn.is_set() and len(reports) == 1
