@@ -4,11 +4,14 @@
     python tools/load_test.py                       # 8 clients, 60 s, a fresh home and server on loopback
     python tools/load_test.py --clients 16 --seconds 120
     python tools/load_test.py --kill-at 20          # kill -9 the server 20 s in, restart it, keep going
+    python tools/load_test.py --profilers 4 --seconds 300   # 4 of the clients compile, test and profile in a loop
 
 It starts `kope serve --transport http --port 0` on a temporary KOPE_HOME (so the figures include the real
 HTTP stack and the real database), runs the clients for a bounded time, stops the server, then opens the
 database and checks that every acknowledged write (each record_experience id, each compiled kernel id) is
-there. Prints throughput, latency percentiles per operation, errors, and lost writes (the target is zero).
+there. Prints throughput, latency percentiles per operation, errors, lost writes (the target is zero), and the
+server's resident memory sampled every half second (median and peak; a queued profile must not hold an input
+pool, so the peak stays near one profile's whatever the queue).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ OPS = (("record", 0.45), ("query", 0.45), ("compile", 0.10))
 
 class Stats:
     def __init__(self) -> None:
+        self.rss_mb: list[float] = []
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.errors: list[str] = []
         self.lessons: list[str] = []
@@ -62,6 +66,54 @@ def start_server(home: Path) -> subprocess.Popen[bytes]:
             raise SystemExit(f"the server did not start (exit code {server.poll()})")
         time.sleep(0.05)
     return server
+
+
+async def sample_rss(home: Path, until: float, stats: Stats) -> None:
+    while time.monotonic() < until:
+        state = daemon.running(home)
+        try:
+            status = Path(f"/proc/{state.pid}/status").read_text() if state is not None else ""
+        except OSError:
+            status = ""
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                stats.rss_mb.append(int(line.split()[1]) / 1024)
+        await anyio.sleep(0.5)
+
+
+async def profile_loop(index: int, home: Path, until: float, stats: Stats, seed: int) -> None:
+    """Compile a fresh vector_add, test it, profile it; again until the end (profiles queue on the one device)."""
+    rng = random.Random(seed * 1000 + index)
+    while time.monotonic() < until:
+        state = daemon.running(home)
+        if state is None:
+            await anyio.sleep(0.1)
+            continue
+        transport = streamable_http_client(state.url + "/mcp", http_client=create_mcp_http_client(
+            headers={"Authorization": f"Bearer {state.token}"} if state.token else {}))
+        try:
+            async with Client(transport, client_info=Implementation(name=f"profiler-{index}", version="1")) as client:
+                while time.monotonic() < until:
+                    start = time.perf_counter()
+                    compiled = await _one(client, "compile", "vector_add", index, rng, None)
+                    if compiled.is_error or compiled.structured_content is None:
+                        stats.errors.append(f"compile: {compiled.content[0].text[:160] if compiled.content else '?'}")
+                        continue
+                    kernel = compiled.structured_content["kernel_id"]
+                    stats.kernels.append(kernel)
+                    for op, args in (("test", {"kernel_id": kernel}),
+                                     ("profile", {"kernel_id": kernel, "time_reference": False})):
+                        tool = "run_tests" if op == "test" else "profile_kernel"
+                        result = await client.call_tool(tool, args)
+                        if result.is_error:
+                            stats.errors.append(f"{op}: {result.content[0].text[:160] if result.content else '?'}")
+                            break
+                    stats.latency["profile loop"].append(time.perf_counter() - start)
+        except Exception as exc:  # a load test reports every failure, whatever it is, and carries on
+            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+                exc = exc.exceptions[0]
+            stats.errors.append(f"connection: {type(exc).__name__}: {str(exc)[:160]}")
+            await anyio.sleep(0.2)
 
 
 async def client_loop(index: int, home: Path, until: float, stats: Stats, seed: int) -> None:
@@ -141,8 +193,10 @@ async def run(args: argparse.Namespace) -> int:
     kills = 0
     try:
         async with anyio.create_task_group() as tg:
+            tg.start_soon(sample_rss, home, until, stats)
             for i in range(args.clients):
-                tg.start_soon(client_loop, i, home, until, stats, args.seed)
+                loop = profile_loop if i < args.profilers else client_loop
+                tg.start_soon(loop, i, home, until, stats, args.seed)
             if args.kill_at is not None:
                 await anyio.sleep(args.kill_at)
                 os.kill(server.pid, signal.SIGKILL)
@@ -156,10 +210,13 @@ async def run(args: argparse.Namespace) -> int:
     total = sum(len(v) for v in stats.latency.values())
     print(f"{args.clients} clients, {elapsed:.1f} s, {kills} kill(s) -9 of the server; home {home}")
     print(f"throughput: {total / elapsed:.1f} calls/s ({total} calls)")
-    for op, _ in OPS:
+    for op in [name for name, _ in OPS] + (["profile loop"] if args.profilers else []):
         values = stats.latency[op]
         mean = statistics.mean(values) * 1e3 if values else 0.0
         print(f"  {op:<8} n={len(values):<6} mean {mean:7.1f} ms  {_percentiles(values)}")
+    if stats.rss_mb:
+        print(f"server resident memory: median {statistics.median(stats.rss_mb):.0f} MB, peak "
+              f"{max(stats.rss_mb):.0f} MB ({len(stats.rss_mb)} samples); load average {os.getloadavg()[0]:.1f}")
     print(f"errors: {len(stats.errors)}")
     for message in sorted(set(stats.errors))[:10]:
         print(f"  {message}")
@@ -175,5 +232,7 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--kill-at", type=float, help="kill -9 the server this many seconds in, then restart it")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profilers", type=int, default=0,
+                        help="how many of the clients compile, test and profile vector_add in a loop")
     parser.add_argument("--home", help="KOPE_HOME to use (default: a fresh temporary one)")
     sys.exit(anyio.run(run, parser.parse_args()))
