@@ -19,13 +19,9 @@ class KopeError(Exception):
         super().__init__(f"{self.code}: {detail}")
         self.detail = detail
 
-    def __reduce__(self) -> tuple[object, tuple[type[KopeError], str]]:
-        # Subclasses take other arguments than the message: rebuild from the detail, whatever the signature (a
-        # cluster device's error crosses a process boundary as a pickle).
-        return _rebuild, (type(self), self.detail)
 
-
-def _rebuild(cls: type[KopeError], detail: str) -> KopeError:
+def rebuild_error(cls: type[KopeError], detail: str) -> KopeError:
+    """A ``cls`` error with ``detail``, whatever its constructor takes (a device's error read back by name)."""
     error = cls.__new__(cls)
     Exception.__init__(error, f"{cls.code}: {detail}")
     error.detail = detail

@@ -81,45 +81,9 @@ async def sample_rss(home: Path, until: float, stats: Stats) -> None:
         await anyio.sleep(0.5)
 
 
-async def profile_loop(index: int, home: Path, until: float, stats: Stats, seed: int) -> None:
-    """Compile a fresh vector_add, test it, profile it; again until the end (profiles queue on the one device)."""
-    rng = random.Random(seed * 1000 + index)
-    while time.monotonic() < until:
-        state = daemon.running(home)
-        if state is None:
-            await anyio.sleep(0.1)
-            continue
-        transport = streamable_http_client(state.url + "/mcp", http_client=create_mcp_http_client(
-            headers={"Authorization": f"Bearer {state.token}"} if state.token else {}))
-        try:
-            async with Client(transport, client_info=Implementation(name=f"profiler-{index}", version="1")) as client:
-                while time.monotonic() < until:
-                    start = time.perf_counter()
-                    compiled = await _one(client, "compile", "vector_add", index, rng, None)
-                    if compiled.is_error or compiled.structured_content is None:
-                        stats.errors.append(f"compile: {compiled.content[0].text[:160] if compiled.content else '?'}")
-                        continue
-                    kernel = compiled.structured_content["kernel_id"]
-                    stats.kernels.append(kernel)
-                    for op, args in (("test", {"kernel_id": kernel}),
-                                     ("profile", {"kernel_id": kernel, "time_reference": False})):
-                        tool = "run_tests" if op == "test" else "profile_kernel"
-                        result = await client.call_tool(tool, args)
-                        if result.is_error:
-                            stats.errors.append(f"{op}: {result.content[0].text[:160] if result.content else '?'}")
-                            break
-                    stats.latency["profile loop"].append(time.perf_counter() - start)
-        except Exception as exc:  # a load test reports every failure, whatever it is, and carries on
-            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-                exc = exc.exceptions[0]
-            stats.errors.append(f"connection: {type(exc).__name__}: {str(exc)[:160]}")
-            await anyio.sleep(0.2)
-
-
-async def client_loop(index: int, home: Path, until: float, stats: Stats, seed: int) -> None:
-    rng = random.Random(seed * 1000 + index)
-    names, weights = zip(*OPS, strict=True)
-    session_id: str | None = None
+async def connected(home: Path, name: str, until: float, stats: Stats, body: Any) -> None:
+    """Run ``body(client)`` on a connection to the home's server until ``until``, connecting again after every
+    failure (a server killed and restarted included), each failure counted."""
     while time.monotonic() < until:
         state = daemon.running(home)
         if state is None:  # restarting after a kill: wait for the new server
@@ -128,27 +92,66 @@ async def client_loop(index: int, home: Path, until: float, stats: Stats, seed: 
         transport = streamable_http_client(state.url + "/mcp", http_client=create_mcp_http_client(
             headers={"Authorization": f"Bearer {state.token}"} if state.token else {}))
         try:
-            async with Client(transport, client_info=Implementation(name=f"load-{index}", version="1")) as client:
-                while time.monotonic() < until:
-                    op = rng.choices(names, weights)[0]
-                    task = rng.choice(TASKS)
-                    start = time.perf_counter()
-                    result = await _one(client, op, task, index, rng, session_id)
-                    stats.latency[op].append(time.perf_counter() - start)
-                    if result.is_error or result.structured_content is None:
-                        stats.errors.append(f"{op}: {result.content[0].text[:160] if result.content else '?'}")
-                        continue
-                    data: dict[str, Any] = result.structured_content
-                    if op == "record":
-                        stats.lessons.append(data["experience_id"])
-                    elif op == "compile":
-                        stats.kernels.append(data["kernel_id"])
-                        session_id = data["session_id"]
+            async with Client(transport, client_info=Implementation(name=name, version="1")) as client:
+                await body(client)
         except Exception as exc:  # a load test reports every failure, whatever it is, and carries on
             while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
                 exc = exc.exceptions[0]  # the SDK's task groups wrap the transport error that matters
             stats.errors.append(f"connection: {type(exc).__name__}: {str(exc)[:160]}")
             await anyio.sleep(0.2)
+
+
+def _failed(stats: Stats, op: str, result: Any) -> bool:
+    if result.is_error or result.structured_content is None:
+        stats.errors.append(f"{op}: {result.content[0].text[:160] if result.content else '?'}")
+        return True
+    return False
+
+
+async def profile_loop(index: int, home: Path, until: float, stats: Stats, seed: int) -> None:
+    """Compile a fresh vector_add, test it, profile it; again until the end (profiles queue on the one device)."""
+    rng = random.Random(seed * 1000 + index)
+
+    async def body(client: Client) -> None:
+        while time.monotonic() < until:
+            start = time.perf_counter()
+            compiled = await _one(client, "compile", "vector_add", index, rng, None)
+            if _failed(stats, "compile", compiled):
+                continue
+            kernel = compiled.structured_content["kernel_id"]
+            stats.kernels.append(kernel)
+            for op, tool, args in (("test", "run_tests", {"kernel_id": kernel}),
+                                   ("profile", "profile_kernel", {"kernel_id": kernel, "time_reference": False})):
+                if _failed(stats, op, await client.call_tool(tool, args)):
+                    break
+            stats.latency["profile loop"].append(time.perf_counter() - start)
+
+    await connected(home, f"profiler-{index}", until, stats, body)
+
+
+async def client_loop(index: int, home: Path, until: float, stats: Stats, seed: int) -> None:
+    rng = random.Random(seed * 1000 + index)
+    names, weights = zip(*OPS, strict=True)
+    session_id: str | None = None
+
+    async def body(client: Client) -> None:
+        nonlocal session_id
+        while time.monotonic() < until:
+            op = rng.choices(names, weights)[0]
+            task = rng.choice(TASKS)
+            start = time.perf_counter()
+            result = await _one(client, op, task, index, rng, session_id)
+            stats.latency[op].append(time.perf_counter() - start)
+            if _failed(stats, op, result):
+                continue
+            data: dict[str, Any] = result.structured_content
+            if op == "record":
+                stats.lessons.append(data["experience_id"])
+            elif op == "compile":
+                stats.kernels.append(data["kernel_id"])
+                session_id = data["session_id"]
+
+    await connected(home, f"load-{index}", until, stats, body)
 
 
 async def _one(client: Client, op: str, task: str, index: int, rng: random.Random, session_id: str | None) -> Any:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kope_mcp.errors import KopeError
+from kope_mcp.runtime.sandbox_setup import identity_prefix
 
 NAMESPACE = "kope"
 # A node's custom resource: a worker's devices are placed on the node that `kope worker --name NAME` started.
@@ -92,8 +93,7 @@ class DriverIdentity:
     def command(self, argv: list[str]) -> list[str]:
         if self.uid is None:
             return argv
-        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--inh-caps=-all",
-                "--bounding-set=-all", "--no-new-privs", *argv]
+        return [*identity_prefix("per-run-uid", self.uid, self.gid), *argv]
 
     def environment(self, token: Path | None, base: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in base.items() if not k.startswith(("KOPE_", "RAY_AUTH_"))}

@@ -68,8 +68,8 @@ def serve(conn: Connection, address: str, describe_timeout_s: float) -> None:
                  configure_logging=False)
         _only_device_actors(ray)
     except BaseException as exc:  # the server reports it; nothing else can be done here
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
-        conn.send_bytes(wire.encode(Reply(id=-1, kind="error", message=f"{type(exc).__name__}: {first}")))
+        message = f"{type(exc).__name__}: {wire.first_line(exc)}"
+        conn.send_bytes(wire.encode(Reply(id=-1, kind="error", message=message)))
         os._exit(1)
     conn.send_bytes(wire.encode(Reply(id=-1, kind="ready")))
     handles: dict[str, Any] = {}
@@ -90,8 +90,7 @@ def serve(conn: Connection, address: str, describe_timeout_s: float) -> None:
         except Lost as exc:
             reply(Reply(id=request.id, kind="lost", message=str(exc)))
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            reply(Reply(id=request.id, kind="failed", message=f"{type(exc).__name__}: {first}"))
+            reply(Reply(id=request.id, kind="failed", message=f"{type(exc).__name__}: {wire.first_line(exc)}"))
 
     pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="kope-cluster-call")
     while True:

@@ -53,8 +53,12 @@ def encode_error(exc: BaseException) -> bytes:
     failure that names its type. Never the exception object itself."""
     if isinstance(exc, errors.KopeError):
         return encode({"type": type(exc).__name__, "detail": exc.detail[:_DETAIL_LIMIT]}, kind="error")
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    return encode({"type": type(exc).__name__, "detail": first}, kind="failed")
+    return encode({"type": type(exc).__name__, "detail": first_line(exc)}, kind="failed")
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, cut to 300 characters: what a one-line answer about it carries."""
+    return (str(exc).strip().splitlines() or [""])[0][:300]
 
 
 def _plain(value: Any, blobs: list[memoryview]) -> Any:
@@ -98,7 +102,7 @@ def decode(data: bytes | bytearray | memoryview, expected: Any) -> Any:
     if kind == "error":
         cls = _kope_errors().get(detail.get("type", ""))
         if cls is not None:
-            return _raise(errors._rebuild(cls, detail.get("detail", "")[:_DETAIL_LIMIT]))
+            return _raise(errors.rebuild_error(cls, detail.get("detail", "")[:_DETAIL_LIMIT]))
     raise RemoteFailure(f"{detail.get('type', 'error')[:80]}: {detail.get('detail', '')[:300]}")
 
 

@@ -340,21 +340,18 @@ def _elsewhere(record: AttemptRecord) -> str:
 
 
 def _feedback(latest: AttemptRecord) -> str:
-    return _feedback_text(latest).replace(latest.kernel_id, latest.kernel_id + _elsewhere(latest), 1)
-
-
-def _feedback_text(latest: AttemptRecord) -> str:
+    who = latest.kernel_id + _elsewhere(latest)
     if not latest.ok:
         first = latest.diagnostics_digest.splitlines()[0] if latest.diagnostics_digest else "see the log"
-        return f"Latest: {latest.kernel_id} did not compile: {first}"
+        return f"Latest: {who} did not compile: {first}"
     if latest.tested and not latest.correct:
-        return f"Latest: {latest.kernel_id} failed its tests ({latest.failure}): {latest.failure_message[:300]}"
+        return f"Latest: {who} failed its tests ({latest.failure}): {latest.failure_message[:300]}"
     if latest.speedup is not None:
-        return (f"Latest: {latest.kernel_id} correct, {latest.speedup:.2f}x vs naive (step ratio "
+        return (f"Latest: {who} correct, {latest.speedup:.2f}x vs naive (step ratio "
                 f"{latest.step_ratio:.2f}, {latest.label}).")
     if latest.tested:
-        return f"Latest: {latest.kernel_id} passed its tests; not profiled yet."
-    return f"Latest: {latest.kernel_id} compiled; not tested yet (call run_tests)."
+        return f"Latest: {who} passed its tests; not profiled yet."
+    return f"Latest: {who} compiled; not tested yet (call run_tests)."
 
 
 def _truncate_hot(hot: list[HotItem], budget: int) -> list[HotItem]:

@@ -94,10 +94,11 @@ def _runs(argv: list[str]) -> tuple[bool, str]:
     return done.returncode == 0, done.stderr.decode(errors="replace").strip()[-300:]
 
 
-def identity_prefix(mode: Mode, uid: int) -> list[str]:
+def identity_prefix(mode: Mode, uid: int, gid: int | None = None) -> list[str]:
+    """``setpriv`` as ``uid`` (and ``gid``, default the same number) with no capability of any kind left."""
     if mode != "per-run-uid":
         return []
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid if gid is None else gid}", "--clear-groups", "--inh-caps=-all",
             "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
 
 
