@@ -217,3 +217,12 @@ class DeviceLostError(KopeError):
     """A cluster device stopped answering during a call: its state is unknown, so nothing of the call counts."""
 
     code = "device_lost"
+
+
+class CancelledCallError(KopeError):
+    """The client cancelled the call (``notifications/cancelled``, or it went away): its runs were ended."""
+
+    code = "cancelled"
+
+    def __init__(self, tool: str) -> None:
+        super().__init__(f"{tool} was cancelled by its client; its runs were ended and nothing was recorded")

@@ -72,6 +72,12 @@ class _Request:
         self.done = anyio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
+        # The forwarded call's scope: cancelling it makes the SDK's client send the owner `notifications/cancelled`.
+        self.scope = anyio.CancelScope()
+
+    def abandon(self) -> None:
+        """The stdio client cancelled (or left): the owner is told to stop the call."""
+        self.scope.cancel()
 
 
 class OwnerLink:
@@ -87,8 +93,12 @@ class OwnerLink:
 
     async def request(self, ctx: Any, call: Any) -> Any:
         request = _Request(ctx, call)
-        await self._send.send(request)
-        await request.done.wait()
+        try:
+            await self._send.send(request)
+            await request.done.wait()
+        except anyio.get_cancelled_exc_class():
+            request.abandon()
+            raise
         if request.error is not None:
             raise request.error
         return request.result
@@ -128,7 +138,10 @@ class OwnerLink:
 
     async def _serve(self, client: Client, request: _Request) -> None:
         try:
-            self._answer(request, result=await request.call(client))
+            with request.scope:
+                self._answer(request, result=await request.call(client))
+            if request.scope.cancelled_caught:
+                self._answer(request, error=_CutOff("cancelled by its client"))
         except _CAUGHT as exc:
             self._answer(request, error=exc)
             if any(isinstance(e, (*_CONNECT, *_BROKEN)) or _cut_off(e) for e in _leaves(exc)):

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kope_mcp.runtime import sandbox_seccomp
+from kope_mcp.runtime import cancel, sandbox_seccomp
 from kope_mcp.runtime.sandbox_files import UntrustedFileError as UntrustedFileError
 from kope_mcp.runtime.sandbox_files import _tail_of, remove_tree, scratch_root
 from kope_mcp.runtime.sandbox_files import memory_file as memory_file
@@ -307,12 +307,14 @@ def finish(proc: subprocess.Popen[bytes], limits: SandboxLimits, start: float, o
     with _running_lock:
         _running.add(proc)
     try:
-        if _stopping.is_set():
-            _kill_group(proc)
-        timed_out = not _wait_exit(proc, limits.wall_seconds - (time.monotonic() - start))
-        if timed_out:
-            _kill_group(proc)
-        proc.wait()
+        # A call its client cancelled ends its run at once (the caller records nothing of it: cancel.py).
+        with cancel.on_cancel(lambda: _kill_group(proc)):
+            if _stopping.is_set():
+                _kill_group(proc)
+            timed_out = not _wait_exit(proc, limits.wall_seconds - (time.monotonic() - start))
+            if timed_out:
+                _kill_group(proc)
+            proc.wait()
     finally:
         # Whatever happened, nothing the command started may outlive the call.
         _kill_group(proc)

@@ -4,7 +4,7 @@ Profiles never overlap (a second measurement on a small machine would be the fir
 they queue. A plain lock let one client that profiles back to back take the slot again and again while another
 waited (100 s seen); here, when the slot frees, it goes to the waiting call whose client has used the slot least
 lately (use decays with a half-life of HALF_LIFE_S), the earliest among equals. Each call learns how long it
-waited, and the profile reports it.
+waited, and the profile reports it. A waiter whose call is cancelled leaves the queue at once.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
+
+from kope_mcp.errors import CancelledCallError
+from kope_mcp.runtime import cancel
 
 HALF_LIFE_S = 60.0
 
@@ -40,8 +43,11 @@ class FairSlot:
             ticket = next(self._tickets)
             self._waiting[ticket] = client
             try:
-                while self._busy or self._next() != ticket:
-                    self._cond.wait()
+                with cancel.on_cancel(self._wake):
+                    while self._busy or self._next() != ticket:
+                        _unless_cancelled()
+                        self._cond.wait()
+                    _unless_cancelled()
             finally:
                 del self._waiting[ticket]
                 if not self._busy:
@@ -56,6 +62,10 @@ class FairSlot:
                 self._used[client] = (self.usage(client, now) + (now - started), now)
                 self._busy = False
                 self._cond.notify_all()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def share(self, client: str) -> float:
         """``client``'s part of the slot's recent use (0-1)."""
@@ -73,3 +83,8 @@ class FairSlot:
     def _next(self) -> int:
         now = time.monotonic()
         return min(self._waiting, key=lambda t: (self.usage(self._waiting[t], now), t))
+
+
+def _unless_cancelled() -> None:
+    if cancel.cancelled():
+        raise CancelledCallError("the wait for the measurement slot")

@@ -17,6 +17,7 @@ from kope_mcp.errors import (
     MAX_STRATEGY_CHARS,
     BaselineFailedError,
     BuildTamperedError,
+    CancelledCallError,
     DeviceUnavailableError,
     EmptySourceError,
     FailedTestsError,
@@ -44,6 +45,7 @@ from kope_mcp.models import (
     ProfileReport,
     TestReport,
 )
+from kope_mcp.runtime import cancel
 from kope_mcp.runtime.sandbox import UNSAFE_WARNING, capabilities, remove_stale_scratch, stopping, unsafe_opt_out
 from kope_mcp.services.correctness import judge_case, merge_seeds
 from kope_mcp.services.fair_slot import FairSlot
@@ -491,9 +493,12 @@ def _unless_device_unavailable(outcome: HarnessOutcome, tool: str) -> None:
 
 
 def _unless_stopping(tool: str) -> None:
-    """A run the stopping server ended is not the kernel's outcome: nothing of it may be recorded."""
+    """A run the stopping server, or the call's cancel, ended is not the kernel's outcome: nothing of it may be
+    recorded."""
     if stopping():
         raise ServerStoppingError(tool)
+    if cancel.cancelled():
+        raise CancelledCallError(tool)
 
 
 def _digest(diagnostics: list[Diagnostic]) -> str:

@@ -94,3 +94,46 @@ def test_each_clients_share_of_the_slot_is_its_part_of_the_recent_use():
     assert abs(slot.share("a") - held["a"] / (held["a"] + held["b"])) < 0.02
     assert abs(slot.share("a") + slot.share("b") - 1.0) < 1e-9
     assert slot.queue == 0
+
+
+def test_a_cancelled_waiter_leaves_the_queue_at_once_and_the_next_one_gets_the_slot():
+    from kope_mcp.errors import CancelledCallError
+    from kope_mcp.runtime import cancel
+
+    slot, order, waits = FairSlot(), [], []
+    release = threading.Event()
+    token = cancel.CallToken()
+    outcome: list[str] = []
+
+    def holder() -> None:
+        with slot.hold("client-a"):
+            order.append("client-a")
+            release.wait(30)
+
+    def cancelled() -> None:
+        with cancel.bound(token):
+            try:
+                with slot.hold("client-b"):
+                    outcome.append("held")
+            except CancelledCallError:
+                outcome.append("cancelled")
+
+    first = threading.Thread(target=holder, daemon=True)
+    first.start()
+    deadline = time.monotonic() + 30
+    while not order:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    waiter = threading.Thread(target=cancelled, daemon=True)
+    waiter.start()
+    _until_waiting(slot, 1)
+    later = _queue(slot, "client-c", order, waits)
+    _until_waiting(slot, 2)
+    token.cancel()
+    waiter.join(10)
+    assert outcome == ["cancelled"] and not waiter.is_alive()  # while client-a still holds the slot
+    assert slot.queue == 2  # client-a holding, client-c waiting
+    release.set()
+    for thread in (first, later):
+        thread.join(30)
+    assert order == ["client-a", "client-c"]
