@@ -20,6 +20,9 @@ WRONG_CALLS: list[tuple[str, dict[str, Any], str, str]] = [
     ("list_tasks", {"level": 0}, "invalid_argument:", "greater than or equal to 1"),
     ("list_tasks", {"level": "x"}, "invalid_argument:", "valid integer"),
     ("list_tasks", {"family": "nope"}, "unknown_family:", "matmul"),
+    ("list_tasks", {"level": "2"}, "invalid_argument:", "valid integer"),
+    ("list_tasks", {"level": 2.5}, "invalid_argument:", "`level`"),
+    ("get_task", {"task_id": "vector_add", "bogus": 1}, "invalid_argument:", "`bogus` is not an argument"),
     # compiling
     ("compile_kernel", {"source": S}, "invalid_argument:", "`task_id` is required"),
     ("compile_kernel", {"task_id": "vector_add"}, "invalid_argument:", "`source` is required"),
@@ -55,6 +58,9 @@ WRONG_CALLS: list[tuple[str, dict[str, Any], str, str]] = [
     ("profile_kernel", {"kernel_id": "k-nope"}, "unknown_kernel:", "compile_kernel"),
     ("profile_kernel", {}, "invalid_argument:", "`kernel_id` is required"),
     ("profile_kernel", {"kernel_id": "k-nope", "deterministic": "maybe"}, "invalid_argument:", "`deterministic`"),
+    ("profile_kernel", {"kernel_id": "k-nope", "deterministic": "yes"}, "invalid_argument:", "valid boolean"),
+    ("profile_kernel", {"kernel_id": "k-nope", "time_reference": 0}, "invalid_argument:", "`time_reference`"),
+    ("profile_kernel", {"kernel_id": "k-nope", "repeat": 3}, "invalid_argument:", "kernel_id, time_reference"),
     # recording
     ("record_experience", {"strategy": "unroll", "lesson": "y" * 5000}, "too_long:", "at most 4,000"),
     ("record_experience", {"strategy": "", "lesson": "text"}, "empty_lesson:", "strategy"),
@@ -71,6 +77,7 @@ WRONG_CALLS: list[tuple[str, dict[str, Any], str, str]] = [
     ("query_experience", {}, "invalid_argument:", "`query` is required"),
     ("query_experience", {"query": "x", "token_budget": 0}, "invalid_argument:", "greater than or equal to 1"),
     ("query_experience", {"query": "x", "token_budget": "lots"}, "invalid_argument:", "`token_budget`"),
+    ("query_experience", {"query": "x", "token_budget": "500"}, "invalid_argument:", "`token_budget`"),
     ("query_experience", {"query": "x", "agent_mode": "all"}, "invalid_argument:", "'prefer' or 'only'"),
     ("query_experience", {"query": "x", "phase": "debug"}, "invalid_argument:", "'optimize'"),
     ("query_experience", {"query": "x", "task_id": "nope"}, "unknown_task:", "vector_add"),

@@ -222,6 +222,75 @@ class RequestBodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def envelope_problem(message: Any) -> str | None:
+    """Why a POSTed JSON value is not one JSON-RPC 2.0 message MCP takes (the -32600 text), or None when it is.
+    The SDK answers these with -32602 and a pydantic dump of its message union; JSON-RPC says Invalid Request."""
+    if isinstance(message, list):
+        return ("invalid_request: JSON-RPC batches are not accepted (MCP dropped batching in 2025-06-18): send "
+                "one message per request")
+    if not isinstance(message, dict):
+        return f"invalid_request: a JSON-RPC message is a JSON object, not {type(message).__name__}"
+    if message.get("jsonrpc") != "2.0":
+        return 'invalid_request: a JSON-RPC 2.0 message needs "jsonrpc": "2.0"'
+    if "method" not in message and "result" not in message and "error" not in message:
+        return ("invalid_request: a message needs a method (a request or notification) or a result or error "
+                "(a response)")
+    ident = message.get("id")
+    if "id" in message and (isinstance(ident, bool) or not isinstance(ident, (str, int))):
+        return "invalid_request: a message's id is an integer or a string"
+    from mcp.types import jsonrpc_message_adapter  # not at import: the stdio proxy imports this module
+    from pydantic import ValidationError
+
+    try:
+        jsonrpc_message_adapter.validate_python(message)
+    except ValidationError:
+        return ("invalid_request: not a JSON-RPC 2.0 request, notification or response (a string method, an "
+                "integer or string id, object params)")
+    return None
+
+
+class JsonRpcEnvelope:
+    """ASGI middleware: a POSTed body that is JSON but not one JSON-RPC message (a batch, no "jsonrpc", no
+    method) is answered -32600 Invalid Request in one line, as over stdio. Sits inside RequestBodyLimit, so the
+    body it reads is already bounded."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages, body = [], b""
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
+            parsed = None  # not JSON: the SDK's own parse error (-32700) says so
+        problem = envelope_problem(parsed) if parsed is not None else None
+        if problem is not None:
+            given = parsed.get("id") if isinstance(parsed, dict) else None
+            ident = given if isinstance(given, (str, int)) and not isinstance(given, bool) else None
+            reply = json.dumps({"jsonrpc": "2.0", "id": ident,
+                                "error": {"code": -32600, "message": problem}}).encode()
+            await send({"type": "http.response.start", "status": 400, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(reply)).encode())]})
+            await send({"type": "http.response.body", "body": reply})
+            return
+
+        async def replay() -> Any:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
 TOKEN_FILE = "http-token"
 
 
@@ -309,9 +378,9 @@ def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket
     options.validate()
     server = build_server(settings)
     activity = Activity()
-    app: Any = BearerTokenAndActivity(RequestBodyLimit(
+    app: Any = BearerTokenAndActivity(RequestBodyLimit(JsonRpcEnvelope(
         server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=options.security(),
-                                   host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE),
+                                   host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE)),
         DEFAULT_MAX_REQUEST_BODY_SIZE, settings.max_source_bytes), options.token, activity, options.token_source)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
                             http=deadline_protocol())

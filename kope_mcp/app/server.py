@@ -10,7 +10,7 @@ from typing import Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError, UnexpectedToolError
 
 import kope_mcp
 from kope_mcp.app.instructions import INSTRUCTIONS
@@ -22,6 +22,7 @@ from kope_mcp.tools import tasks as task_tools
 from kope_mcp.tools import workbench as workbench_tools
 from kope_mcp.tools._context import AppState, LiveState
 from kope_mcp.tools._errors import model_facing_message
+from kope_mcp.tools._protocol import check_tool_arguments, prompt_refusal, refuse_foreign_cursors
 
 
 class KopeMCPServer(MCPServer[AppState]):
@@ -29,6 +30,13 @@ class KopeMCPServer(MCPServer[AppState]):
 
     async def call_tool(self, name: str, arguments: dict[str, Any],
                         context: Context[AppState, Any] | None = None) -> Any:
+        tool = self._tool_manager.get_tool(name)
+        if tool is not None:
+            # Strict, before the SDK's lenient check: a wrong type or an unknown argument is refused, not coerced
+            # or dropped (tools/_protocol.py).
+            refusal = check_tool_arguments(name, tool.fn_metadata.arg_model, arguments)
+            if refusal is not None:
+                raise ToolError(refusal)
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError as exc:
@@ -49,6 +57,25 @@ class KopeMCPServer(MCPServer[AppState]):
             if message is None:
                 raise
             raise ToolError(message) from exc
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None,
+                         context: Context[AppState, Any] | None = None) -> Any:
+        # The SDK answers an unknown prompt or a missing argument with -32603 "Internal server error".
+        refusal = prompt_refusal(await self.list_prompts(), name, arguments)
+        if refusal is not None:
+            raise refusal
+        return await super().get_prompt(name, arguments, context)
+
+    async def read_resource(self, uri: Any, context: Context[AppState, Any] | None = None) -> Any:
+        try:
+            return await super().read_resource(uri, context)
+        except ResourceNotFoundError as exc:
+            if str(exc).startswith("Unknown resource"):  # the SDK's lookup, not a template's own refusal
+                known = [str(r.uri) for r in await self.list_resources()]
+                known += [t.uri_template for t in await self.list_resource_templates()]
+                raise ResourceNotFoundError(f"unknown_resource: no resource {str(uri)[:200]!r}; resources: "
+                                            f"{', '.join(sorted(known))}") from exc
+            raise
 
     async def run_stdio_async(self) -> None:
         from mcp.server.stdio import stdio_server
@@ -101,6 +128,7 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
         instructions=INSTRUCTIONS,
         lifespan=lifespan,
         log_level="WARNING",
+        middleware=[refuse_foreign_cursors],
     )
     task_tools.register(server)
     workbench_tools.register(server)

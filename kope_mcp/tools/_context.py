@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -22,6 +24,9 @@ T = TypeVar("T")
 
 # How long a cancelled call's handler waits for its worker thread to notice (its sandboxes are killed at once).
 CANCEL_WAIT_S = 10.0
+# A call that reports progress says something at least this often, even while one step (a queue wait, a
+# measurement) lasts long: clients time a silent call out, and people think it hung.
+HEARTBEAT_S = 2.0
 
 
 # Annotations of the tools that add to the workbench or the memory: they never delete or overwrite anything.
@@ -77,14 +82,10 @@ async def call_service(ctx: Context[AppState], fn: Callable[..., T], *args: Any,
     progress, and keeps it from recording anything (runtime/cancel.py). The handler then waits for the thread,
     which is quick once its runs are ended, so the slot it held is free when the cancel completes."""
     token = cancel.CallToken()
-
-    def report(done: float, total: float, message: str) -> None:
-        if token.cancelled:  # nothing more is sent once cancelled: the call stops here too
-            raise CancelledCallError("the call")
-        anyio.from_thread.run(ctx.report_progress, done, total, message)
+    progress_state = _Progress(ctx, token)
 
     if progress:
-        kwargs["progress"] = report
+        kwargs["progress"] = progress_state.from_thread
 
     done = threading.Event()
     outcome: list[Any] = []
@@ -99,9 +100,17 @@ async def call_service(ctx: Context[AppState], fn: Callable[..., T], *args: Any,
             done.set()
 
     try:
-        await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        async with anyio.create_task_group() as tasks:
+            if progress:
+                tasks.start_soon(progress_state.send)
+            try:
+                await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+            except anyio.get_cancelled_exc_class():
+                token.cancel()
+                raise
+            finally:
+                progress_state.finish()
     except anyio.get_cancelled_exc_class():
-        token.cancel()
         with anyio.CancelScope(shield=True):
             # Bounded: a call wedged past its runs' ends must not hold the handler (and the server's stop) forever.
             await anyio.to_thread.run_sync(done.wait, CANCEL_WAIT_S)
@@ -110,3 +119,45 @@ async def call_service(ctx: Context[AppState], fn: Callable[..., T], *args: Any,
     if ok:
         return cast(T, value)
     raise value
+
+
+class _Progress:
+    """A call's progress notifications: the service's steps, and between them, when a step runs long, the same
+    step again every HEARTBEAT_S with its elapsed time. One task sends them all, in order, so the progress value
+    rises with every notification (the protocol requires it): a heartbeat adds a shrinking fraction of a step,
+    staying below the next. That task lives in the handler's scope: once the call is cancelled it sends nothing."""
+
+    def __init__(self, ctx: Context[AppState], token: cancel.CallToken) -> None:
+        self.ctx, self.token = ctx, token
+        self.steps, self.inbox = anyio.create_memory_object_stream[tuple[float, float, str]](math.inf)
+
+    def from_thread(self, done: float, total: float, message: str) -> None:
+        if self.token.cancelled:  # nothing more is sent once cancelled: the call stops here too
+            raise CancelledCallError("the call")
+        try:
+            anyio.from_thread.run_sync(self.steps.send_nowait, (done, total, message))
+        except anyio.ClosedResourceError:  # the handler has gone (cancelled) between the check and the send
+            raise CancelledCallError("the call") from None
+
+    def finish(self) -> None:
+        self.steps.close()  # the sender sends what is queued, then ends
+
+    async def send(self) -> None:
+        value, step, since, beats = 0.0, (0.0, 0.0, ""), time.monotonic(), 0
+        async with self.inbox:
+            while True:
+                with anyio.move_on_after(HEARTBEAT_S) as quiet:
+                    try:
+                        step = await self.inbox.receive()
+                    except anyio.EndOfStream:
+                        return
+                if not quiet.cancelled_caught:
+                    since, beats, value = time.monotonic(), 0, max(value, step[0])
+                    await self.ctx.report_progress(value, step[1], step[2])
+                    continue
+                done, total, message = step
+                if not message or done >= total:  # nothing said yet, or the last step: nothing to creep towards
+                    continue
+                beats += 1
+                value = max(value, done + 0.9 * min(1.0, total - done) * (1 - 0.5 ** beats))
+                await self.ctx.report_progress(value, total, f"{message} ({time.monotonic() - since:.0f} s)")

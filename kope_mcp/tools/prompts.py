@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcp.server import MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS
 
@@ -47,14 +47,16 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         """Start the KOPE loop on one task: read the task and the shared experience, then plan, compile, test,
         profile and record the why of every attempt. `backend` is c, triton or cuda; `attempts` the budget."""
         workbench = live.get().workbench
+        if not (attempts.strip().isdigit() and 0 < int(attempts) <= 100):
+            raise MCPError(INVALID_PARAMS, f"invalid_argument: optimise_kernel: `attempts` must be a whole number "
+                           f"from 1 to 100 (got {attempts[:40]!r})")
         try:
             task = workbench.tasks.get(task_id)
             workbench.target(backend, task)
         except KopeError as exc:
             # A protocol error with the model-facing text; anything else reaches the client as "Internal error".
             raise MCPError(INVALID_PARAMS, str(exc)) from exc
-        budget = int(attempts) if attempts.strip().isdigit() and 0 < int(attempts) <= 100 else 8
-        return loop_prompt(task.id, backend, budget)
+        return loop_prompt(task.id, backend, int(attempts))
 
     @server.resource("kope://tasks/{task_id}", name="task", title="One kernel task", mime_type="application/json")
     def task_resource(task_id: str) -> str:
@@ -63,4 +65,4 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         try:
             return describe_task(live.get().workbench, task_id).model_dump_json(indent=1)
         except KopeError as exc:
-            raise ResourceError(str(exc)) from exc
+            raise ResourceNotFoundError(str(exc)) from exc

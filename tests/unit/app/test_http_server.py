@@ -101,3 +101,71 @@ def test_the_bearer_scheme_is_case_insensitive_the_token_exact_and_a_refusal_nam
     assert sent[0]["status"] == status
     if status == 401:
         assert "the token in /etc/kope/token" in json.loads(sent[1]["body"])["message"]
+
+
+@pytest.mark.parametrize("message, says", [
+    ([{"jsonrpc": "2.0", "id": 1, "method": "ping"}], "batches are not accepted"),
+    ({"id": 3, "method": "tools/list"}, '"jsonrpc": "2.0"'),
+    ({"jsonrpc": "1.0", "id": 3, "method": "tools/list"}, '"jsonrpc": "2.0"'),
+    ({"jsonrpc": "2.0", "id": 3}, "needs a method"),
+    ({"jsonrpc": "2.0", "id": 3, "method": 5}, "a string method"),
+    ({"jsonrpc": "2.0", "id": [1], "method": "ping"}, "id is an integer or a string"),
+    (7, "a JSON object, not int"),
+])
+def test_a_post_that_is_json_but_not_one_jsonrpc_message_is_invalid_request_in_one_line(message, says):
+    from kope_mcp.app.http_server import JsonRpcEnvelope
+
+    sent: list[dict] = []
+    reached_app = False
+
+    async def app(scope, receive, send):
+        nonlocal reached_app
+        reached_app = True
+
+    chunks = [{"type": "http.request", "body": json.dumps(message).encode(), "more_body": False}]
+
+    async def receive():
+        return chunks.pop(0)
+
+    async def send(event):
+        sent.append(event)
+
+    anyio.run(lambda: JsonRpcEnvelope(app)({"type": "http", "method": "POST", "headers": []}, receive, send))
+    assert not reached_app and sent[0]["status"] == 400
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == -32600 and error["message"].startswith("invalid_request: ") and says in error["message"]
+    assert "\n" not in error["message"]
+
+
+@pytest.mark.parametrize("body", [
+    json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode(),
+    json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode(),
+    json.dumps({"jsonrpc": "2.0", "id": 9, "result": {}}).encode(),
+    b"{not json",  # the SDK's own parse error answers this
+])
+def test_a_valid_message_or_a_parse_error_reaches_the_sdk_with_its_body_intact(body):
+    from kope_mcp.app.http_server import JsonRpcEnvelope
+
+    seen: list[bytes] = []
+
+    async def app(scope, receive, send):
+        while True:
+            event = await receive()
+            seen.append(event["body"])
+            if not event["more_body"]:
+                return
+
+    chunks = [{"type": "http.request", "body": body[:5], "more_body": True},
+              {"type": "http.request", "body": body[5:], "more_body": False}]
+
+    async def receive():
+        return chunks.pop(0)
+
+    async def send(event):
+        raise AssertionError(f"answered: {event}")
+
+    async def run() -> None:
+        await JsonRpcEnvelope(app)({"type": "http", "method": "POST", "headers": []}, receive, send)
+
+    anyio.run(run)
+    assert b"".join(seen) == body
