@@ -373,15 +373,19 @@ def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket
     """Serve until interrupted (or idle for options.idle_exit_s). Blocks."""
     import uvicorn
 
+    from kope_mcp.app.event_store import RETRY_MS, per_session
     from kope_mcp.app.server import build_server
 
     options.validate()
     server = build_server(settings)
     activity = Activity()
-    app: Any = BearerTokenAndActivity(RequestBodyLimit(JsonRpcEnvelope(
-        server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=options.security(),
-                                   host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE)),
-        DEFAULT_MAX_REQUEST_BODY_SIZE, settings.max_source_bytes), options.token, activity, options.token_source)
+    mcp_app = server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=options.security(),
+                                         host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE,
+                                         retry_interval=RETRY_MS)
+    per_session(server.session_manager)  # resumable streams: a dropped connection mid-profile gets the rest
+    app: Any = BearerTokenAndActivity(RequestBodyLimit(JsonRpcEnvelope(mcp_app), DEFAULT_MAX_REQUEST_BODY_SIZE,
+                                                       settings.max_source_bytes),
+                                      options.token, activity, options.token_source)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
                             http=deadline_protocol())
     web = _stopping_server_class()(config)

@@ -186,6 +186,8 @@ class HomeProxy:
         raise AssertionError("unreachable")
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        if _cursor(params) is not None:  # the daemon's to judge (it hands out none: refused there)
+            return await self._with_owner(ctx, lambda c: c.list_tools(cursor=_cursor(params)))
         if self._tools is None:
             self._tools = _cached_tools(self.home)
         if self._tools is None:
@@ -268,19 +270,24 @@ class HomeProxy:
                 "or `kope daemon stop` so the next call starts a daemon with this client's")
 
     async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
-        return await self._with_owner(ctx, lambda c: c.list_prompts())
+        return await self._with_owner(ctx, lambda c: c.list_prompts(cursor=_cursor(params)))
 
     async def get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         return await self._with_owner(ctx, lambda c: c.get_prompt(params.name, params.arguments or {}))
 
     async def list_resource_templates(self, ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
-        return await self._with_owner(ctx, lambda c: c.list_resource_templates())
+        return await self._with_owner(ctx, lambda c: c.list_resource_templates(cursor=_cursor(params)))
 
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
-        return await self._with_owner(ctx, lambda c: c.list_resources())
+        return await self._with_owner(ctx, lambda c: c.list_resources(cursor=_cursor(params)))
 
     async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         return await self._with_owner(ctx, lambda c: c.read_resource(params.uri))
+
+
+def _cursor(params: Any) -> str | None:
+    cursor = getattr(params, "cursor", None)
+    return cursor if isinstance(cursor, str) else None
 
 
 def _caller(ctx: Any) -> types.Implementation | None:
