@@ -45,7 +45,8 @@ class Session:
                 "protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "resuming", "version": "1"}}}))
         assert opened.status_code == 200, opened.text
         self.headers["mcp-session-id"] = opened.headers["mcp-session-id"]
-        web.post(url, headers=self.headers, content=json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        web.post(url, headers=self.headers, content=json.dumps(initialized))
 
     def stream(self, request_id: int, tool: str, arguments: dict[str, Any]) -> Any:
         body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
@@ -100,7 +101,7 @@ def test_a_profile_whose_stream_dropped_is_resumed_with_its_progress_and_answer_
             replayed: list[dict[str, Any]] = []
             with mine.resume(last) as response:
                 assert response.status_code == 200, response.read()
-                for ident, message in events(response):
+                for _, message in events(response):
                     if message is not None:
                         replayed.append(message)
                         if message.get("id") == 7:
