@@ -368,24 +368,30 @@ def _exit_now() -> None:
     os._exit(1)
 
 
+def http_app(settings: KopeSettings, options: HttpOptions, activity: Activity) -> Any:
+    """The ASGI app `serve_http` serves: the MCP server's streamable HTTP app inside the envelope check, the body
+    limit and the bearer token (none when options.token is None: only tools/conformance.py asks for that)."""
+    from kope_mcp.app.event_store import RETRY_MS, per_session
+    from kope_mcp.app.server import build_server
+
+    server = build_server(settings)
+    mcp_app = server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=options.security(),
+                                         host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE,
+                                         retry_interval=RETRY_MS)
+    per_session(server.session_manager)  # resumable streams: a dropped connection mid-profile gets the rest
+    return BearerTokenAndActivity(RequestBodyLimit(JsonRpcEnvelope(mcp_app), DEFAULT_MAX_REQUEST_BODY_SIZE,
+                                                   settings.max_source_bytes),
+                                  options.token, activity, options.token_source)
+
+
 def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket,
                on_ready: Callable[[], None] | None = None) -> None:
     """Serve until interrupted (or idle for options.idle_exit_s). Blocks."""
     import uvicorn
 
-    from kope_mcp.app.event_store import RETRY_MS, per_session
-    from kope_mcp.app.server import build_server
-
     options.validate()
-    server = build_server(settings)
     activity = Activity()
-    mcp_app = server.streamable_http_app(streamable_http_path=MCP_PATH, transport_security=options.security(),
-                                         host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE,
-                                         retry_interval=RETRY_MS)
-    per_session(server.session_manager)  # resumable streams: a dropped connection mid-profile gets the rest
-    app: Any = BearerTokenAndActivity(RequestBodyLimit(JsonRpcEnvelope(mcp_app), DEFAULT_MAX_REQUEST_BODY_SIZE,
-                                                       settings.max_source_bytes),
-                                      options.token, activity, options.token_source)
+    app = http_app(settings, options, activity)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5,
                             http=deadline_protocol())
     web = _stopping_server_class()(config)
