@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-
-import numpy as np
 
 from kope_mcp.cluster.dispatch import cluster_roster
 from kope_mcp.diagnostics import Diagnostic
@@ -53,6 +50,7 @@ from kope_mcp.services.gpu_verdicts import gpu_clock_warnings, gpu_suspect_reaso
 from kope_mcp.services.profile_inputs import draw_profile_inputs, variant_references
 from kope_mcp.services.references import ReferenceRunner
 from kope_mcp.services.stats import paired_speedup, ratio_spread, summarize
+from kope_mcp.services.test_inputs import CasePreparer
 from kope_mcp.services.verdicts import (
     FAILURE_NEXT_STEPS,
     SEEDS_PER_CASE,
@@ -70,24 +68,13 @@ from kope_mcp.services.workbench_devices import WorkbenchDevices
 from kope_mcp.settings import KopeSettings
 from kope_mcp.targets.base import CompileOptions, Target
 from kope_mcp.targets.builds import TamperedBuildError
-from kope_mcp.targets.native_runner import HarnessOutcome, PreparedCase
+from kope_mcp.targets.native_runner import HarnessOutcome
 from kope_mcp.targets.registry import load_targets
 from kope_mcp.tasks.drawn import draw_case
-from kope_mcp.tasks.loader import Task
 from kope_mcp.tasks.registry import TaskRegistry
-from kope_mcp.tasks.spec import CaseSpec
 
 ProgressFn = Callable[[float, float, str], None]
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """One case run of run_tests: its inputs, the reference's outputs, and the case it came from."""
-
-    case: PreparedCase
-    expected: list[np.ndarray]
-    spec: CaseSpec
 
 
 def _noop(done: float, total: float, message: str) -> None:
@@ -126,9 +113,8 @@ class Workbench(WorkbenchDevices):
         # When an agent last asked for a profile: the background re-measure (services/remeasure.py) waits until
         # nobody has for a while, so it is never the neighbour of a session at work.
         self.last_profile_request = time.monotonic()
-        self._expected_cache: dict[tuple[str, str, int], Prepared] = {}
-        self._cache_lock = threading.Lock()
         self.references = ReferenceRunner(settings)
+        self.test_inputs = CasePreparer(self.references)
 
     # --- compile -------------------------------------------------------------------------------------------
     def compile_kernel(
@@ -235,28 +221,11 @@ class Workbench(WorkbenchDevices):
         )
 
     # --- test ----------------------------------------------------------------------------------------------
-    def _prepared(self, task: Task, wanted: list[tuple[CaseSpec, int, bool]]) -> list[Prepared]:
-        """Inputs and expected outputs for each (case, seed, cacheable); what is not cached yet is made in one
-        go (one sandboxed run for a task that is not the package's)."""
-        found: dict[int, Prepared] = {}
-        with self._cache_lock:
-            for i, (case, seed, cache) in enumerate(wanted):
-                hit = self._expected_cache.get((task.id, case.name, seed)) if cache else None
-                if hit is not None:
-                    found[i] = hit
-        missing = [i for i in range(len(wanted)) if i not in found]
-        made = self.references.cases(task, [(wanted[i][0], task.case_seed(wanted[i][0], wanted[i][1]))
-                                            for i in missing]) if missing else []
-        for i, data in zip(missing, made, strict=True):
-            case, seed, cache = wanted[i]
-            found[i] = Prepared(PreparedCase(name=case.name, sizes=case.sizes, inputs=data.inputs), data.expected,
-                                case)
-            if cache:
-                with self._cache_lock:
-                    self._expected_cache[(task.id, case.name, seed)] = found[i]
-        return [found[i] for i in range(len(wanted))]
-
     def run_tests(self, kernel_id: str, progress: ProgressFn = _noop) -> TestReport:
+        with contextlib.ExitStack() as held:  # a drawn case's turn, when it takes one, ends with the call
+            return self._run_tests(kernel_id, progress, held)
+
+    def _run_tests(self, kernel_id: str, progress: ProgressFn, held: contextlib.ExitStack) -> TestReport:
         record = self.memory.attempt(kernel_id)
         task = self.tasks.get(record.task_id)
         if not record.ok:
@@ -277,8 +246,11 @@ class Workbench(WorkbenchDevices):
         wanted = [(c, s, True) for c in task.spec.cases for s in range(SEEDS_PER_CASE)]
         drawn_seed = secrets.randbelow(2**31) if task.spec.drawn_cases and target.draws_cases else None
         if drawn_seed is not None:
+            if self.test_inputs.drawing >= self.test_inputs.drawn_at_once:
+                progress(0, 3, "waiting for a turn to draw a case near the profiling size (memory bound)")
+            held.enter_context(self.test_inputs.drawn_turn())
             wanted.append((draw_case(task.spec, drawn_seed), 0, False))
-        prepared = self._prepared(task, wanted)
+        prepared = self.test_inputs.prepared(task, wanted)
         self._check_build(target, record.build_hash)
         progress(1, 3, f"running {len(prepared)} case runs in the sandbox ({status.summary})")
         outcome = target.run_cases(task, record.build_hash, [p.case for p in prepared],
