@@ -226,3 +226,9 @@ class CancelledCallError(KopeError):
 
     def __init__(self, tool: str) -> None:
         super().__init__(f"{tool} was cancelled by its client; its runs were ended and nothing was recorded")
+
+
+class HomeUnusableError(KopeError):
+    """KOPE_HOME cannot be created or written: nothing can be served from it."""
+
+    code = "home_unusable"

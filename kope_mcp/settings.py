@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator
 
-from kope_mcp.errors import KopeError
+from kope_mcp.errors import HomeUnusableError, KopeError
 
 MEMORY_FILE = "memory.kuzu"  # the graph database in KOPE_HOME
 
@@ -137,6 +137,34 @@ class KopeSettings(BaseModel):
                                 "it is now 0700")
         return warnings
 
+    def check_home(self, create: bool = True) -> None:
+        """Raise HomeUnusableError (one line: what is wrong and what to do) unless the home exists, or can be made,
+        as a folder this user can write; ``create=False`` judges without making it."""
+        check_home(self.home, create)
+
     @property
     def memory_path(self) -> Path:
         return self.home / MEMORY_FILE
+
+
+def check_home(home: Path, create: bool = True) -> None:
+    """Raise HomeUnusableError unless ``home`` is, or can be made, a folder this user can write."""
+    fix = "point KOPE_HOME at a folder you can write (the default is ~/.kope)"
+    blocker = next((p for p in home.parents if p.exists() and not p.is_dir()), None)
+    if home.exists() and not home.is_dir():
+        raise HomeUnusableError(f"KOPE_HOME {home} is a file, not a folder: {fix}")
+    if blocker is not None:
+        raise HomeUnusableError(f"KOPE_HOME {home} cannot be made: {blocker} is a file, not a folder; {fix}")
+    if not create and not home.exists():
+        parent = next(p for p in home.parents if p.exists())
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise HomeUnusableError(f"KOPE_HOME {home} cannot be made: {parent} is not writable by this user "
+                                    f"(uid {os.geteuid()}); {fix}")
+        return
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        why = exc.strerror.lower() if exc.strerror else str(exc)
+        raise HomeUnusableError(f"KOPE_HOME {home} cannot be made: {why} ({exc.filename or home}); {fix}") from None
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise HomeUnusableError(f"KOPE_HOME {home} is not writable by this user (uid {os.geteuid()}): {fix}")

@@ -79,7 +79,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+# The commands that work in the home: an unusable one is one line and exit 2 before anything else (a stdio
+# `kope serve` instead answers every call with that line, so the client shows it: app/proxy.py).
+USES_HOME = {"memory", "worker", "daemon", "tasks"}
+
+
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command in USES_HOME or (args.command == "serve" and (
+            args.transport == "http" or args.no_daemon or os.environ.get("KOPE_DAEMON", "on").lower() in
+            ("off", "0", "no"))):
+        from kope_mcp.errors import KopeError
+        from kope_mcp.settings import KopeSettings
+
+        try:
+            KopeSettings.from_env().check_home()
+        except KopeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.command == "memory":
         if args.reverify and args.action != "import":
             parser.error("--reverify goes with `kope memory import FILE`")
@@ -431,13 +447,24 @@ def _doctor() -> int:
         works, detail = check_device_in_sandbox(settings)
         print(f"GPU run    {'works' if works else 'FAILS (device_unavailable)'}: GPU {settings.gpu} (KOPE_GPU): "
               f"{detail}")
-    print(f"KOPE_HOME  {settings.home}")
+    from kope_mcp.errors import HomeUnusableError
+
+    try:
+        settings.check_home(create=False)
+        unusable = None
+        print(f"KOPE_HOME  {settings.home}")
+    except HomeUnusableError as exc:
+        unusable = str(exc)
+        print(f"KOPE_HOME  {settings.home}: UNUSABLE\n           {unusable}")
     from kope_mcp.runtime.sandbox_files import scratch_root
 
     runs = scratch_root(settings.scratch_dir)
     print(f"Scratch    {runs}: " + ("the home's own; a run's mount table shows this path (no tmpfs or temporary folder "
                                     "with 1 GiB free)" if runs == settings.scratch_dir else
                                     "a run's mount table names this folder, not the home or the server"))
+    if unusable is not None:
+        print(f"\nNothing can be served from this home: {unusable}", file=sys.stderr)
+        return 1
     c_target = targets.get("c")
     if c_target is not None and not c_target.status().compile:
         # The default backend: a server whose `c` cannot compile fails most calls a client makes.

@@ -118,7 +118,7 @@ def _owner_alive(home: Path) -> bool:
 def read_state(home: Path) -> DaemonState | None:
     try:
         return DaemonState.model_validate_json((_dir(home, create=False) / "state.json").read_text())
-    except (FileNotFoundError, ValueError):
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # none published (or no home to publish in)
         return None
 
 

@@ -37,8 +37,8 @@ from kope_mcp.app import proxy_catalogue as catalogue
 from kope_mcp.app.http_server import MCP_PATH
 from kope_mcp.app.instructions import INSTRUCTIONS
 from kope_mcp.app.stdio_input import stdio_wire
-from kope_mcp.errors import MAX_TEXT_CHARS, SourceTooLargeError, TooLongError
-from kope_mcp.settings import KopeSettings
+from kope_mcp.errors import MAX_TEXT_CHARS, KopeError, SourceTooLargeError, TooLongError
+from kope_mcp.settings import KopeSettings, check_home
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,16 @@ class HomeProxy:
         self._settings_warning: str | None = None
         self._kept: set[tuple[str, str]] = set()  # catalogue answers this proxy has kept (proxy_catalogue.py)
 
+    async def _ask(self, ctx: Any, call: Any) -> Any:
+        """_with_owner for a request that is not a tool call: a KopeError (no daemon, an unusable home) becomes a
+        protocol error with its one line, not an internal error."""
+        try:
+            return await self._with_owner(ctx, call)
+        except KopeError as exc:
+            raise MCPError(SERVER_ERROR, str(exc)) from None
+
     async def _with_owner(self, ctx: Any, call: Any) -> Any:
+        check_home(self.home)  # a few system calls; one line naming the home, not [Errno 20] from deep inside
         for attempt in (1, 2):
             state = daemon.read_state(self.home)
             try:
@@ -187,11 +196,11 @@ class HomeProxy:
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         if _cursor(params) is not None:  # the daemon's to judge (it hands out none: refused there)
-            return await self._with_owner(ctx, lambda c: c.list_tools(cursor=_cursor(params)))
+            return await self._ask(ctx, lambda c: c.list_tools(cursor=_cursor(params)))
         if self._tools is None:
             self._tools = _cached_tools(self.home)
         if self._tools is None:
-            self._tools = await self._with_owner(ctx, lambda c: c.list_tools())
+            self._tools = await self._ask(ctx, lambda c: c.list_tools())
             _cache_tools(self.home, self._tools)
         return self._tools
 
@@ -208,6 +217,10 @@ class HomeProxy:
                     await ctx.session.send_progress_notification(token, progress, total, message)
 
         arguments = params.arguments or {}
+        try:
+            check_home(self.home)
+        except KopeError as exc:
+            return _error(str(exc))
         if params.name in catalogue.CATALOGUE_TOOLS and not await anyio.to_thread.run_sync(self._owner_ready):
             # The first call after the daemon went idle: the catalogue as the daemon gave it in the same
             # circumstances (proxy_catalogue.py), while a new daemon starts.
@@ -224,7 +237,7 @@ class HomeProxy:
                 await anyio.to_thread.run_sync(catalogue.keep, self.home, params.name, arguments,
                                                result.model_copy(deep=True))
             return self._with_settings_warning(result)
-        except daemon.DaemonError as exc:
+        except KopeError as exc:  # the daemon cannot be had (DaemonError), or the home cannot be used
             return _error(str(exc))
         except MCPError as exc:
             return _error(f"the kope daemon refused {params.name}: {exc.message}")
@@ -270,19 +283,23 @@ class HomeProxy:
                 "or `kope daemon stop` so the next call starts a daemon with this client's")
 
     async def list_prompts(self, ctx: Any, params: Any) -> types.ListPromptsResult:
-        return await self._with_owner(ctx, lambda c: c.list_prompts(cursor=_cursor(params)))
+        return await self._ask(ctx, lambda c: c.list_prompts(cursor=_cursor(params)))
 
     async def get_prompt(self, ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
-        return await self._with_owner(ctx, lambda c: c.get_prompt(params.name, params.arguments or {}))
+        return await self._ask(ctx, lambda c: c.get_prompt(params.name, params.arguments or {}))
 
     async def list_resource_templates(self, ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
-        return await self._with_owner(ctx, lambda c: c.list_resource_templates(cursor=_cursor(params)))
+        return await self._ask(ctx, lambda c: c.list_resource_templates(cursor=_cursor(params)))
 
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
-        return await self._with_owner(ctx, lambda c: c.list_resources(cursor=_cursor(params)))
+        return await self._ask(ctx, lambda c: c.list_resources(cursor=_cursor(params)))
 
     async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-        return await self._with_owner(ctx, lambda c: c.read_resource(params.uri))
+        return await self._ask(ctx, lambda c: c.read_resource(params.uri))
+
+
+# JSON-RPC's range for a server's own errors: the request was fine, this server cannot serve it now.
+SERVER_ERROR = -32000
 
 
 def _cursor(params: Any) -> str | None:
@@ -354,7 +371,8 @@ def start_owner(home: Path) -> None:
     """Find or start the home's owner in the background (at most one starts, however many ask)."""
 
     def start() -> None:
-        with contextlib.suppress(daemon.DaemonError):  # the first request that needs it reports it, with the log
+        with contextlib.suppress(KopeError):  # the first request that needs it reports it, with the log
+            check_home(home)
             daemon.ensure(home)
 
     threading.Thread(target=start, name="kope-start-owner", daemon=True).start()
@@ -364,6 +382,10 @@ def run_stdio_proxy(home: Path) -> None:
     """Serve stdio, forwarding to the home's owner. One is started now if none runs, in the background: the
     handshake is answered here at once, and the first request waits for the owner only if it is not ready yet."""
 
+    try:
+        check_home(home)
+    except KopeError as exc:  # served anyway: every call answers this line, which the client shows
+        log.error("%s", exc)
     start_owner(home)
     proxy = HomeProxy(home)
     server: Server[Any] = Server(

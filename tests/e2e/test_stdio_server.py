@@ -97,3 +97,32 @@ def test_a_stdio_client_outlives_its_homes_daemon_between_calls(tmp_path):
         anyio.run(body)
     finally:
         daemon.stop(home)
+
+
+def test_a_stdio_server_on_an_unusable_home_answers_every_call_with_one_line_and_logs_one(tmp_path):
+    from mcp.client.stdio import stdio_client
+    from mcp.shared.exceptions import MCPError
+
+    (tmp_path / "a-file").write_text("not a folder")
+    env = {**os.environ, "KOPE_HOME": str(tmp_path / "a-file" / "kope"), "KOPE_EMBEDDINGS": "off"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "kope_mcp", "serve"], env=env)
+    errlog = tmp_path / "stderr.txt"
+
+    async def body() -> list[str]:
+        said = []
+        with errlog.open("w") as err, anyio.fail_after(120):
+            async with Client(stdio_client(params, errlog=err)) as client:
+                for tool, arguments in (("list_tasks", {}), ("compile_kernel", {"task_id": "vector_add",
+                                                                                 "source": VECTOR_ADD_OK})):
+                    result = await client.call_tool(tool, arguments)
+                    assert result.is_error
+                    said.append(result.content[0].text)
+                with pytest.raises(MCPError) as refused:
+                    await client.read_resource("kope://memory/stats")
+                said.append(refused.value.error.message)
+        return said
+
+    said = anyio.run(body)
+    assert all(text.startswith("home_unusable: KOPE_HOME ") and "a-file is a file" in text for text in said), said
+    log = errlog.read_text().strip().splitlines()
+    assert len(log) == 1 and "home_unusable:" in log[0], log

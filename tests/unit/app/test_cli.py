@@ -188,3 +188,19 @@ def test_a_gpu_demo_without_a_gpu_says_so_in_one_line(tmp_path):
     assert done.returncode == 1
     assert "demo: the cuda backend cannot time kernels on this server:" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_unusable_home_is_one_line_with_its_code_and_doctor_fails_on_it(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("KOPE_HOME", str(blocker / "kope"))
+    assert main(["doctor"]) == 1
+    out, err = capsys.readouterr()
+    assert "UNUSABLE" in out and f"{blocker} is a file, not a folder" in out
+    assert err.strip().splitlines()[-1].startswith("Nothing can be served from this home: home_unusable:")
+    for argv in (["serve", "--transport", "http"], ["daemon", "run"], ["memory", "stats"], ["tasks", "add", "x"]):
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and err.startswith("error: home_unusable: KOPE_HOME "), (argv, err)
+        assert "Traceback" not in err and "Errno" not in err
+    assert not (blocker / "kope").exists()
