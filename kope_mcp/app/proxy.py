@@ -396,10 +396,16 @@ def run_stdio_proxy(home: Path) -> None:
         on_list_prompts=proxy.list_prompts, on_get_prompt=proxy.get_prompt,
     )
 
+    def client_left() -> None:
+        unanswered = sum(not r.done.is_set() for r in proxy.link.in_flight)
+        if unanswered:  # one line for a client that died mid-call, not a traceback
+            log.info("the client went away with %d call(s) in flight; the daemon is told to stop them", unanswered)
+
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(proxy.link.run)
-            async with stdio_server(*stdio_wire(types.jsonrpc_message_adapter)) as (read, write):  # type: ignore[arg-type]
+            wire = stdio_wire(types.jsonrpc_message_adapter, on_end=client_left)
+            async with stdio_server(*wire) as (read, write):  # type: ignore[arg-type]
                 await server.run(read, write, server.create_initialization_options())
             tg.cancel_scope.cancel()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -100,7 +101,9 @@ class CleanStdin:
     """An async line iterator over the wire's stdin for ``stdio_server(stdin=...)``; malformed lines are answered
     on ``stdout`` and not passed on."""
 
-    def __init__(self, stdout: WireStdout, messages: TypeAdapter[Any]) -> None:
+    def __init__(self, stdout: WireStdout, messages: TypeAdapter[Any],
+                 on_end: Callable[[], None] | None = None) -> None:
+        self._on_end = on_end
         wire = os.dup(0)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -116,6 +119,9 @@ class CleanStdin:
         while True:
             line = await self._file.readline()
             if not line:
+                if self._on_end is not None:
+                    self._on_end()
+                    self._on_end = None
                 raise StopAsyncIteration
             if not line.strip():
                 continue  # a blank line is no message and needs no answer
@@ -126,8 +132,9 @@ class CleanStdin:
             await self._stdout.write(answer)
 
 
-def stdio_wire(messages: TypeAdapter[Any]) -> tuple[CleanStdin, WireStdout]:
+def stdio_wire(messages: TypeAdapter[Any], on_end: Callable[[], None] | None = None) -> tuple[CleanStdin, WireStdout]:
     """The (stdin, stdout) pair to pass to the SDK's ``stdio_server``; ``messages`` is the SDK's
-    ``jsonrpc_message_adapter``."""
+    ``jsonrpc_message_adapter``; ``on_end`` is called once when the client closes stdin (before the SDK hears of
+    it: the calls in flight are still running)."""
     stdout = WireStdout()
-    return CleanStdin(stdout, messages), stdout
+    return CleanStdin(stdout, messages, on_end), stdout

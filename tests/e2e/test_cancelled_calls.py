@@ -159,8 +159,9 @@ def test_a_stdio_client_that_goes_away_mid_profile_has_its_run_ended_by_the_daem
     home = tmp_path / "home"
     monkeypatch.setenv("KOPE_PROFILE_S", str(CAP_S))
     monkeypatch.setenv("KOPE_EMBEDDINGS", "off")
-    proc = subprocess.Popen([sys.executable, "-m", "kope_mcp", "serve", "--log-level", "WARNING"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    errlog = (tmp_path / "client.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "kope_mcp", "serve"],  # its log at the default level, INFO
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog,
                             env={**os.environ, "KOPE_HOME": str(home)})
     assert proc.stdin is not None and proc.stdout is not None
     lines = iter(proc.stdout.readline, b"")
@@ -219,3 +220,6 @@ def test_a_stdio_client_that_goes_away_mid_profile_has_its_run_ended_by_the_daem
             daemon.stop(home)
     assert seen["profile"]["waited_s"] < FREED_WITHIN_S, seen
     assert seen["recorded"].get(compiled["kernel_id"]) is None, seen
+    errlog.close()
+    said = (tmp_path / "client.log").read_text().strip().splitlines()  # the client's log: one line, no traceback
+    assert len(said) == 1 and "the client went away with 1 call(s) in flight" in said[0], said
