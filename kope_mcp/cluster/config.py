@@ -24,8 +24,14 @@ class ClusterSettingError(KopeError):
 @dataclass(frozen=True)
 class ClusterConfig:
     address: str
-    token_file: Path | None
+    # KOPE_CLUSTER_TOKEN or --cluster-token; "" for RAY_AUTH_TOKEN_PATH, then DEFAULT_TOKEN_FILE (token_path).
+    # Read at each connection: a token fixed on disk is taken without a restart.
+    token: str = ""
     connect_timeout_s: float = 30.0
+    # After the cluster could not be reached (or refused the token), calls are answered with that at once, and it
+    # is tried again only after this long, doubling up to backoff_max_s while it keeps failing.
+    backoff_s: float = 5.0
+    backoff_max_s: float = 120.0
     # Listing devices asks every actor for its description; a worker that does not answer within this is left
     # out (it is shown again once it answers).
     describe_timeout_s: float = 5.0
@@ -51,20 +57,30 @@ def check_worker_name(name: str) -> str:
     return name
 
 
+def token_source(setting: str) -> tuple[Path, str]:
+    """The token file and what named it: the kope setting, else Ray's own RAY_AUTH_TOKEN_PATH (what the docs' head
+    command sets), else the default."""
+    if setting:
+        return Path(setting).expanduser(), "KOPE_CLUSTER_TOKEN / --cluster-token"
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return Path(os.environ["RAY_AUTH_TOKEN_PATH"]).expanduser(), "RAY_AUTH_TOKEN_PATH"
+    return Path(DEFAULT_TOKEN_FILE).expanduser(), "the default"
+
+
 def token_path(setting: str) -> Path:
     """The token file, which must exist and be readable by its owner only: without a token Ray runs with no
     authentication at all, and a readable one lets anyone on the machine submit code to every node."""
-    path = Path(setting or DEFAULT_TOKEN_FILE).expanduser()
+    path, named_by = token_source(setting)
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
     except OSError:
         raise ClusterSettingError(
-            f"no cluster token at {path}: create one (`python -c \"import secrets; print(secrets.token_hex(32))\" > "
-            f"{path} && chmod 600 {path}`), copy it to every machine of the cluster, and point KOPE_CLUSTER_TOKEN "
-            "at it") from None
+            f"no cluster token at {path} ({named_by}): create one (`python -c \"import secrets; "
+            f"print(secrets.token_hex(32))\" > {path} && chmod 600 {path}`), copy it to every machine of the "
+            "cluster, and point KOPE_CLUSTER_TOKEN (or RAY_AUTH_TOKEN_PATH) at it") from None
     if mode & 0o077:
-        raise ClusterSettingError(f"the cluster token {path} is mode {mode:04o}: other users could join the "
-                                  f"cluster and run code on every node; `chmod 600 {path}`")
+        raise ClusterSettingError(f"the cluster token {path} ({named_by}) is mode {mode:04o}: other users could "
+                                  f"join the cluster and run code on every node; `chmod 600 {path}`")
     return path
 
 

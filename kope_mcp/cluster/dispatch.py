@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kope_mcp.cluster import wire
-from kope_mcp.cluster.config import ClusterConfig, device_id, driver_identity, node_socket, token_path
+from kope_mcp.cluster.config import (
+    ClusterConfig,
+    ClusterSettingError,
+    device_id,
+    driver_identity,
+    node_socket,
+    token_path,
+    token_source,
+)
 from kope_mcp.cluster.device_actor import CALLS, DeviceDescription, TaskBundle
 from kope_mcp.cluster.driver import PIPE_LIMIT, Lost, Reply, Request
 from kope_mcp.errors import DeviceLostError, KopeError
@@ -120,6 +128,14 @@ class RemoteTarget(Target):
         return result
 
 
+class TokenProblem(ConnectionError):
+    """The cluster token is missing, readable by others, or not the one the cluster was started with."""
+
+
+# What Ray's client logs, once a second for about 20 s before it gives up, when the head refuses its token.
+TOKEN_REFUSED = ("InvalidAuthToken", "Authentication token is missing or incorrect")
+
+
 class DriverLink:
     """The server's end of the pipe to the Ray driver child (started on first use, again after it ended)."""
 
@@ -138,6 +154,10 @@ class DriverLink:
 
     def _start(self) -> None:
         """Start the child and wait (bounded) until it has joined the cluster; raise ConnectionError otherwise."""
+        try:
+            token = token_path(self.config.token)  # read at each start: a token fixed on disk needs no restart
+        except ClusterSettingError as exc:
+            raise TokenProblem(str(exc)) from None
         host, _, port = self.config.address.rpartition(":")
         try:  # Ray retries an absent head for a minute before it gives up: ask the port first
             socket.create_connection((host, int(port)), timeout=5).close()
@@ -153,13 +173,27 @@ class DriverLink:
             identity.command([sys.executable, "-m", "kope_mcp.cluster.driver", self.config.address,
                               str(self.config.describe_timeout_s), str(theirs_sock.fileno())]),
             pass_fds=[theirs_sock.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            env=identity.environment(self.config.token_file, dict(os.environ)), cwd="/", start_new_session=True)
+            stderr=subprocess.PIPE, env=identity.environment(token, dict(os.environ)), cwd="/",
+            start_new_session=True)
         theirs_sock.close()
+        refused = threading.Event()
+        threading.Thread(target=_watch_stderr, args=(process, refused), name="kope-cluster-stderr",
+                         daemon=True).start()
         ours = Connection(ours_sock.detach())
-        if not ours.poll(self.config.connect_timeout_s):
-            process.kill()
-            raise ConnectionError(f"the head at {self.config.address} did not accept this server within "
-                                  f"{self.config.connect_timeout_s:g} s (is KOPE_CLUSTER_TOKEN the cluster's token?)")
+        deadline = time.monotonic() + self.config.connect_timeout_s
+        while not ours.poll(0.1):
+            if refused.is_set():
+                process.kill()
+                _, named_by = token_source(self.config.token)
+                raise TokenProblem(f"the head at {self.config.address} refused this server's cluster token {token} "
+                                   f"({named_by}): it is not the token the cluster was started with (the head's "
+                                   "RAY_AUTH_TOKEN_PATH); copy that file here, mode 0600")
+            if process.poll() is not None and not ours.poll(0.2):
+                break  # it ended without a word: read below as such
+            if time.monotonic() > deadline:
+                process.kill()
+                raise ConnectionError(f"the head at {self.config.address} did not accept this server within "
+                                      f"{self.config.connect_timeout_s:g} s")
         try:
             first = wire.decode(ours.recv_bytes(PIPE_LIMIT), Reply)
             kind, message = first.kind, first.message
@@ -250,6 +284,15 @@ class DriverLink:
         raise wire.RemoteFailure(answer.message or f"the cluster's driver answered {answer.kind!r}")
 
 
+def _watch_stderr(process: Any, refused: threading.Event) -> None:
+    """Drain the driver child's stderr (Ray's own log lines, kept at debug level) and flag a refused token."""
+    for raw in process.stderr:
+        line = raw.decode(errors="replace").rstrip()
+        if any(sign in line for sign in TOKEN_REFUSED):
+            refused.set()
+        log.debug("cluster driver: %s", line[:400])
+
+
 class ClusterRoster:
     """The devices of a Ray cluster's `kope worker`s, re-read at most every ``roster_ttl_s``."""
 
@@ -260,6 +303,9 @@ class ClusterRoster:
         self._devices: dict[str, RemoteTarget] = {}
         self._read_at = -1e9
         self.refused: dict[str, str] = {}  # actors in the cluster's namespace that are not offered, and why
+        self._failure: str | None = None  # why the cluster could not be used at the last try
+        self._retry_at = 0.0
+        self._backoff_s = config.backoff_s
 
     def lost(self, device: str) -> None:
         with self._lock:
@@ -271,13 +317,28 @@ class ClusterRoster:
         self.link.close()
 
     def devices(self, refresh: bool = False) -> dict[str, RemoteTarget]:
+        """The cluster's devices; DeviceLostError at once while the cluster cannot be used (a refused or missing
+        token, a head that does not answer), tried again with a backoff rather than on every call."""
         with self._lock:
-            if refresh or time.monotonic() - self._read_at >= self.config.roster_ttl_s:
+            now = time.monotonic()
+            if self._failure is not None and now < self._retry_at:
+                raise DeviceLostError(f"{self._failure}; this server's own backends still work (list_devices); "
+                                      f"the cluster is tried again in {self._retry_at - now:.0f} s")
+            if refresh or self._failure is not None or now - self._read_at >= self.config.roster_ttl_s:
                 try:
                     self._devices = self._read()
                 except (Lost, ConnectionError) as exc:
-                    raise DeviceLostError(f"the cluster at {self.config.address} did not answer ({exc}); this "
-                                          "server's own backends still work (list_devices)") from None
+                    why = (f"the cluster at {self.config.address} cannot be used: {exc}" if isinstance(
+                        exc, TokenProblem) else f"the cluster at {self.config.address} did not answer ({exc})")
+                    if why != self._failure:
+                        log.warning("%s", why)
+                    self._failure, self._devices = why, {}
+                    self._retry_at = time.monotonic() + self._backoff_s
+                    self._backoff_s = min(self._backoff_s * 2, self.config.backoff_max_s)
+                    raise DeviceLostError(f"{why}; this server's own backends still work (list_devices)") from None
+                if self._failure is not None:
+                    log.warning("the cluster at %s answers again", self.config.address)
+                self._failure, self._backoff_s = None, self.config.backoff_s
                 self._read_at = time.monotonic()
             return dict(self._devices)
 
@@ -315,6 +376,11 @@ class ClusterRoster:
 
 
 def cluster_roster(settings: KopeSettings, local: dict[str, Target]) -> ClusterRoster:
-    """The roster of ``settings.cluster``; refuses a missing or readable token before anything connects."""
-    config = ClusterConfig(address=settings.cluster, token_file=token_path(settings.cluster_token))
-    return ClusterRoster(settings, config, local)
+    """The roster of ``settings.cluster``. A token problem never stops the server: its own devices work, and every
+    call that needs the cluster says what is wrong with the token (checked at each connection, with a backoff)."""
+    roster = ClusterRoster(settings, ClusterConfig(address=settings.cluster, token=settings.cluster_token), local)
+    try:
+        token_path(settings.cluster_token)
+    except ClusterSettingError as exc:
+        log.warning("the cluster at %s cannot be used until this is fixed: %s", settings.cluster, exc)
+    return roster

@@ -299,3 +299,25 @@ def test_the_server_outlives_a_head_that_dies_and_keeps_its_own_devices(cluster,
         if bench is not None:
             _close(bench)
         other.shutdown()
+
+
+def test_a_server_with_the_wrong_token_names_the_token_at_once_and_backs_off_keeping_its_own_devices(cluster,
+                                                                                                    tmp_path):
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text(secrets.token_hex(32))
+    wrong.chmod(0o600)
+    bench = Workbench(cluster.settings(tmp_path / "home").model_copy(update={"cluster_token": str(wrong)}))
+    try:
+        first = bench.list_devices()
+        assert {d.id for d in first.devices} == {d.id for d in first.devices if "@" not in d.id}  # its own only
+        assert any("refused this server's cluster token" in w and str(wrong) in w for w in first.warnings), first
+        again = bench.list_devices()  # within the backoff: the same answer, not another attempt
+        assert any("tried again in" in w for w in again.warnings), again.warnings
+        try:
+            bench.compile_kernel("relu", bench.tasks.get("relu").baseline_source or "", device="c@alpha")
+            raise AssertionError("a routed call went through with the wrong token")
+        except DeviceLostError as exc:
+            assert "cluster token" in str(exc)
+        assert bench.compile_kernel("relu", bench.tasks.get("relu").baseline_source or "").ok
+    finally:
+        _close(bench)

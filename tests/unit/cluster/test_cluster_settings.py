@@ -65,6 +65,42 @@ def test_a_server_whose_cluster_does_not_answer_keeps_its_own_devices_and_says_s
         bench.store.close()
 
 
+@pytest.mark.parametrize("problem", ["missing", "open to others"])
+def test_a_token_problem_never_stops_the_server_and_every_cluster_call_names_it_then_backs_off(tmp_path, problem):
+    token = tmp_path / "token"
+    if problem == "open to others":
+        token.write_text("x" * 64)
+        token.chmod(0o644)
+    settings = make_settings(tmp_path / "home").model_copy(update={"cluster": "127.0.0.1:1",
+                                                                   "cluster_token": str(token)})
+    bench = Workbench(settings)  # the server starts
+    try:
+        listed = bench.list_devices()
+        assert "c" in {d.id for d in listed.devices}
+        assert any(str(token) in w and ("no cluster token" in w or "mode 0644" in w) for w in listed.warnings)
+        with pytest.raises(DeviceLostError, match=r"cannot be used: invalid_setting: .*tried again in \d+ s"):
+            bench.compile_kernel("vector_add", VECTOR_ADD_OK, device="c@gpu-box")
+        assert bench.compile_kernel("vector_add", VECTOR_ADD_OK).ok
+    finally:
+        bench.store.close()
+
+
+def test_without_a_kope_token_setting_rays_own_token_path_is_used_then_the_default(tmp_path, monkeypatch):
+    token = tmp_path / "ray-token"
+    token.write_text("x" * 64)
+    token.chmod(0o600)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+    assert token_path("") == token
+    assert token_path(str(token)) == token
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "absent"))
+    with pytest.raises(ClusterSettingError, match=r"absent \(RAY_AUTH_TOKEN_PATH\)"):
+        token_path("")
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ClusterSettingError, match=r"\.kope-cluster-token \(the default\)"):
+        token_path("")
+
+
 @pytest.mark.slow
 def test_a_server_without_a_cluster_never_imports_ray(tmp_path):
     probe = ("import sys; from pathlib import Path; from kope_mcp.services.workbench import Workbench; "
