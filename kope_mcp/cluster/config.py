@@ -91,10 +91,6 @@ def ray_environment(token: Path) -> dict[str, str]:
             "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def apply_ray_environment(token: Path) -> None:
-    os.environ.update(ray_environment(token))
-
-
 @dataclass(frozen=True)
 class DriverIdentity:
     """Who the server's Ray driver child runs as. A Ray driver must be able to open its node's sockets, which only

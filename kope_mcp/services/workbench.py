@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 
@@ -110,6 +111,7 @@ class Workbench(WorkbenchDevices):
         # slot goes to the client that used it least lately.
         self._measure_slot = FairSlot()
         self._device_slots: dict[str, FairSlot] = {}  # a cluster device's own slot: its profiles never overlap
+        self._slots_lock = threading.Lock()
         # When an agent last asked for a profile: the background re-measure (services/remeasure.py) waits until
         # nobody has for a while, so it is never the neighbour of a session at work.
         self.last_profile_request = time.monotonic()

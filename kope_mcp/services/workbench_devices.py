@@ -31,7 +31,7 @@ class WorkbenchDevices:
         cluster: ClusterRoster | None
         _measure_slot: FairSlot
         _device_slots: dict[str, FairSlot]
-        _cache_lock: threading.Lock
+        _slots_lock: threading.Lock
 
     def all_targets(self) -> dict[str, Target]:
         """This server's targets by backend name, and the cluster's devices by device id."""
@@ -110,5 +110,5 @@ class WorkbenchDevices:
         """This machine's targets share one slot (one CPU set); each cluster device has its own."""
         if "@" not in target:
             return self._measure_slot
-        with self._cache_lock:
+        with self._slots_lock:
             return self._device_slots.setdefault(target, FairSlot())
