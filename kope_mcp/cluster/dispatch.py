@@ -233,6 +233,13 @@ class DriverLink:
         for future in futures:
             future.set_result(Reply(id=-1, kind="lost", message="the connection to the cluster ended"))
 
+    def reset(self) -> None:
+        """End a driver child that is of no more use (its cluster went away and another answers at the address):
+        the next call starts a new one."""
+        with self._lock:
+            if self._process is not None:
+                self._process.kill()
+
     def close(self) -> None:
         """End the driver child (it leaves the cluster as its pipe closes; killed if it does not within 10 s)."""
         with self._lock:
@@ -327,6 +334,12 @@ class ClusterRoster:
             if refresh or self._failure is not None or now - self._read_at >= self.config.roster_ttl_s:
                 try:
                     self._devices = self._read()
+                except wire.RemoteFailure as exc:  # the driver's cluster is not this address's any more (a head
+                    self.link.reset()              # that restarted): a new driver joins the new one
+                    why = f"the cluster at {self.config.address} changed under this server ({exc}); joining it again"
+                    log.warning("%s", why)
+                    self._failure, self._devices, self._retry_at = why, {}, time.monotonic() + 1.0
+                    raise DeviceLostError(f"{why}; this server's own backends still work (list_devices)") from None
                 except (Lost, ConnectionError) as exc:
                     why = (f"the cluster at {self.config.address} cannot be used: {exc}" if isinstance(
                         exc, TokenProblem) else f"the cluster at {self.config.address} did not answer ({exc})")

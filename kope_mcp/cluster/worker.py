@@ -236,7 +236,8 @@ def _serve_once(address: str, worker: str, settings: KopeSettings, token: Path, 
         os.close(ready_r)
         if ready_w >= 0:
             os.close(ready_w)
-        _end(child, node)
+        # Asked to stop: the devices are withdrawn first. Otherwise the cluster is gone or going: nothing to tell it.
+        _end(child, node, graceful=stop.asked)
 
 
 def _read_line(fd: int, timeout_s: float, stop: _Stop) -> str:
@@ -253,10 +254,11 @@ def _read_line(fd: int, timeout_s: float, stop: _Stop) -> str:
     return data.decode(errors="replace").strip()
 
 
-def _end(child: subprocess.Popen[bytes] | None, node: subprocess.Popen[bytes] | None) -> None:
-    """The device process withdraws the devices (SIGTERM), then the node's whole process group goes."""
+def _end(child: subprocess.Popen[bytes] | None, node: subprocess.Popen[bytes] | None, graceful: bool) -> None:
+    """The device process withdraws the devices (SIGTERM; killed when not ``graceful``), then the node's whole
+    process group goes."""
     if child is not None and child.poll() is None:
-        child.send_signal(signal.SIGTERM)
+        child.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
         try:
             child.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -264,7 +266,8 @@ def _end(child: subprocess.Popen[bytes] | None, node: subprocess.Popen[bytes] | 
             child.wait()
     if node is not None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.pid, signal.SIGTERM)
+            # `ray start --block` takes up to half a minute over a SIGTERM; a node whose head is gone is killed.
+            os.killpg(node.pid, signal.SIGTERM if graceful else signal.SIGKILL)
         try:
             node.wait(timeout=30)
         except subprocess.TimeoutExpired:
