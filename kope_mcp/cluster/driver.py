@@ -176,7 +176,7 @@ def _fetch(ray: Any, ref: Any, timeout_s: float) -> bytes:
         ray.cancel(ref)
         raise Lost(f"it did not finish within {timeout_s:.0f} s") from None
     except (exceptions.RayActorError, exceptions.ActorUnavailableError, exceptions.RaySystemError) as exc:
-        raise Lost((str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]) from None
+        raise Lost(lost_reason(type(exc).__name__, str(exc))) from None
     tag = bytes(metadata or b"").split(b",")[0]
     if tag == ray_constants.OBJECT_METADATA_TYPE_RAW:
         return bytes(data) if data is not None else b""
@@ -185,9 +185,22 @@ def _fetch(ray: Any, ref: Any, timeout_s: float) -> bytes:
         if error == ErrorType.Value("TASK_EXECUTION_EXCEPTION"):
             raise Refused("the device raised instead of answering (its error was not read)")
         name = ErrorType.Name(error) if error in ErrorType.values() else str(error)
-        raise Lost(name.lower().replace("_", " "))
+        raise Lost(lost_reason(name, ""))
     raise Refused(f"it answered with a {tag.decode(errors='replace')[:20] or 'untyped'} object, not a kope message "
                   "(it was not read)")
+
+
+OOM = ("the node ran short of memory and Ray's memory monitor ended the device's work (it does above "
+       "RAY_memory_usage_threshold, 95% of the machine's memory by default)")
+
+
+def lost_reason(kind: str, detail: str) -> str:
+    """Why a device's call was lost, in one line: Ray's error type (an ErrorType name, or an exception's) and
+    its text; an out-of-memory kill is said as such."""
+    said = (detail.strip().splitlines() or [""])[0][:200]
+    if kind == "OUT_OF_MEMORY" or "OutOfMemory" in kind or "memory monitor" in detail or "OOM" in detail:
+        return OOM
+    return said or kind.lower().replace("_", " ")
 
 
 if __name__ == "__main__":

@@ -158,3 +158,21 @@ def test_a_root_server_runs_its_driver_child_as_the_nodes_user_who_cannot_read_i
     assert run.stdout.split("\n")[:2] == ["refused", "65534 []"], run.stderr
     home.chmod(0o755)
     assert "KOPE_HOME is open to other users" in driver_identity(socket_file, 0, home).warning
+
+
+@pytest.mark.parametrize("kind, detail", [
+    ("OUT_OF_MEMORY", ""),
+    ("OutOfMemoryError", "Task was killed due to the node running low on memory."),
+    ("RayActorError", "The actor died unexpectedly before finishing this task.\nMemory on the node (OOM) ..."),
+])
+def test_a_call_lost_to_rays_memory_monitor_says_so(kind, detail):
+    from kope_mcp.cluster.driver import OOM, lost_reason
+
+    assert lost_reason(kind, detail) == OOM and "ran short of memory" in OOM
+
+
+def test_any_other_lost_call_keeps_rays_first_line_or_its_kind():
+    from kope_mcp.cluster.driver import lost_reason
+
+    assert lost_reason("RayActorError", "The actor died.\ndetails") == "The actor died."
+    assert lost_reason("ACTOR_DIED", "") == "actor died"
