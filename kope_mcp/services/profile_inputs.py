@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,16 +88,14 @@ def draw_profile_inputs(task: Task, references: ReferenceRunner, device_class: s
 
 
 def variant_references(task: Task, outcome: HarnessOutcome,
-                       sets: list[PreparedCase]) -> list[tuple[PreparedCase, list[np.ndarray]]]:
+                       sets: list[PreparedCase]) -> Iterator[tuple[PreparedCase, list[np.ndarray]]]:
     """The variant calls a profile kept (runtime/variants.py), each with its inputs rebuilt from the set, the
     variant and the profile's seed, and the float64 reference on them: what the candidate's outputs of those calls
-    are judged against. Only a trusted task's (the server runs its reference here); [] otherwise."""
+    are judged against. Only a trusted task's (the server runs its reference here); none otherwise. Made one at a
+    time as the judge asks (each is a set's size again, with a float64 reference: vector_add's ~0.25 GB)."""
     if outcome.variant_seed is None or not outcome.variants or not task.trusted:
-        return []
-    judged = []
+        return
     for index, variant in outcome.variants:
         case = sets[index]
         inputs = varied(case.inputs, variant, outcome.variant_seed)
-        judged.append((PreparedCase(f"{case.name}~{variant:x}", case.sizes, inputs),
-                       task.run_reference(inputs, case.sizes)))
-    return judged
+        yield (PreparedCase(f"{case.name}~{variant:x}", case.sizes, inputs), task.run_reference(inputs, case.sizes))

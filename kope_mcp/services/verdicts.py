@@ -3,6 +3,9 @@ that make a result suspect, and the warnings a report carries. Pure functions ov
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
+
 import numpy as np
 
 from kope_mcp.hardware import ROOF_MIN_BYTES, HardwareProfile, peak_gflops, streaming_bandwidth_gbps
@@ -40,7 +43,7 @@ FAILURE_NEXT_STEPS: dict[str, str] = {
 
 def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase], expected: list[list[np.ndarray]],
                     profile: CaseSpec | None = None,
-                    variants: list[tuple[PreparedCase, list[np.ndarray]]] | None = None,
+                    variants: Iterable[tuple[PreparedCase, list[np.ndarray]]] | None = None,
                     ) -> tuple[ProfileFailure | None, str]:
     """Why a profile is not a measurement (wrong or crashing at the profiling size, ...), or (None, "").
 
@@ -64,7 +67,8 @@ def profile_failure(task: Task, outcome: HarnessOutcome, sets: list[PreparedCase
                                          f"at the profiling size {sizes}: inputs are read-only")
     names = [a.name for a in task.outputs()]
     checked = checked_sets(outcome.result, len(sets)) if outcome.outputs else []
-    judged = [(sets[i], expected[i], False) for i in checked] + [(c, e, True) for c, e in variants or []]
+    judged = itertools.chain(((sets[i], expected[i], False) for i in checked),
+                             ((c, e, True) for c, e in variants or ()))  # a variant is made when it is judged
     for (case, exp, varied), got in zip(judged, outcome.outputs, strict=True):
         result, failure = judge_case(case.name, case.sizes, got, exp, names,
                                      task.spec.tolerance_for(profile or task.spec.profile), [])

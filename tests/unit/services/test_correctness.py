@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from kope_mcp.runtime.harness import POISON_BITS
 from kope_mcp.services.correctness import judge_case, merge_seeds
@@ -79,3 +80,23 @@ def test_the_consistency_check_compares_bit_for_bit_first_and_still_catches_a_ch
     close = first + 1e-9
     checks.check(0, {"y": close}, 3)
     assert checks.bad_calls == 1  # within tolerance but not bitwise: isclose decides
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_comparing_in_chunks_gives_exactly_what_one_pass_gives(seed):
+    from kope_mcp.services.correctness import compare_output
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 5000))
+    expected = rng.standard_normal(n)
+    got = expected.astype(np.float32)
+    for _ in range(int(rng.integers(0, 6))):  # wrong values, NaN, inf and poison, anywhere (chunk edges included)
+        i = int(rng.integers(0, n))
+        got[i] = rng.choice([np.float32(7.0), np.float32(np.nan), np.float32(np.inf), np.float32(0.0)])
+    if seed % 2 and n > 3:
+        got.view(np.uint32)[n // 2] = POISON_BITS
+        expected[n // 3] = np.nan
+    tol = Tolerance(atol=1e-5, rtol=1e-5)
+    whole = compare_output("y", got, expected, tol, chunk=n + 1)
+    for chunk in (1, 7, 64, 1000):
+        assert compare_output("y", got, expected, tol, chunk=chunk) == whole, chunk
