@@ -34,7 +34,9 @@ class KopeMCPServer(MCPServer[AppState]):
         if tool is not None:
             # Strict, before the SDK's lenient check: a wrong type or an unknown argument is refused, not coerced
             # or dropped (tools/_protocol.py).
-            refusal = check_tool_arguments(name, tool.fn_metadata.arg_model, arguments)
+            # After the SDK's own reading of lists and objects sent as JSON strings (some clients send them so).
+            refusal = check_tool_arguments(name, tool.fn_metadata.arg_model,
+                                           tool.fn_metadata.pre_parse_json(arguments))
             if refusal is not None:
                 raise ToolError(refusal)
         try:

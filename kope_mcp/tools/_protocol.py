@@ -32,7 +32,8 @@ def check_tool_arguments(tool: str, model: type[BaseModel], arguments: Mapping[s
 
     Strict as JSON Schema reads the tool's input schema: an argument the tool does not have is refused rather
     than dropped, and a value of the wrong JSON type is refused rather than coerced ("yes" is not a boolean, "5"
-    is not an integer). A list or object sent as a JSON string (some clients do) is still read as JSON first."""
+    is not an integer). The caller passes the arguments as the SDK pre-parses them: a list or object sent as a
+    JSON string (some clients do) is read as JSON first."""
     known = argument_names(model)
     unknown = sorted(set(arguments) - known)
     if unknown:

@@ -115,3 +115,22 @@ def test_an_http_body_that_is_not_one_jsonrpc_message_is_invalid_request(tmp_pat
     finally:
         with contextlib.suppress(daemon.DaemonError):
             daemon.stop(home)
+
+
+def test_a_list_sent_as_a_json_string_is_still_read_as_the_sdk_reads_it(tmp_path):
+    # Claude Desktop sends lists as JSON text: strict checking must come after the SDK's reading of them.
+    from tests.conftest import VECTOR_ADD_OK
+
+    server = build_server(make_settings(tmp_path / "home"))
+
+    async def body() -> list[object]:
+        async with Client(server) as client:
+            answers = []
+            for flags in ('["-O2"]', ["-O2"]):
+                result = await client.call_tool("compile_kernel", {"task_id": "vector_add", "source": VECTOR_ADD_OK,
+                                                                   "flags": flags})
+                assert not result.is_error, result.content
+                answers.append(result.structured_content["ok"])
+            return answers
+
+    assert anyio.run(body) == [True, True]
