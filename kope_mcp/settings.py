@@ -137,18 +137,14 @@ class KopeSettings(BaseModel):
                                 "it is now 0700")
         return warnings
 
-    def check_home(self, create: bool = True) -> None:
-        """Raise HomeUnusableError (one line: what is wrong and what to do) unless the home exists, or can be made,
-        as a folder this user can write; ``create=False`` judges without making it."""
-        check_home(self.home, create)
-
     @property
     def memory_path(self) -> Path:
         return self.home / MEMORY_FILE
 
 
 def check_home(home: Path, create: bool = True) -> None:
-    """Raise HomeUnusableError unless ``home`` is, or can be made, a folder this user can write."""
+    """Raise HomeUnusableError (one line: what is wrong and what to do) unless ``home`` is, or can be made, a
+    folder this user can write; ``create=False`` judges without making it."""
     fix = "point KOPE_HOME at a folder you can write (the default is ~/.kope)"
     blocker = next((p for p in home.parents if p.exists() and not p.is_dir()), None)
     if home.exists() and not home.is_dir():

@@ -89,10 +89,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             args.transport == "http" or args.no_daemon or os.environ.get("KOPE_DAEMON", "on").lower() in
             ("off", "0", "no"))):
         from kope_mcp.errors import KopeError
-        from kope_mcp.settings import KopeSettings
+        from kope_mcp.settings import KopeSettings, check_home
 
         try:
-            KopeSettings.from_env().check_home()
+            check_home(KopeSettings.from_env().home)
         except KopeError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -448,9 +448,10 @@ def _doctor() -> int:
         print(f"GPU run    {'works' if works else 'FAILS (device_unavailable)'}: GPU {settings.gpu} (KOPE_GPU): "
               f"{detail}")
     from kope_mcp.errors import HomeUnusableError
+    from kope_mcp.settings import check_home
 
     try:
-        settings.check_home(create=False)
+        check_home(settings.home, create=False)
         unusable = None
         print(f"KOPE_HOME  {settings.home}")
     except HomeUnusableError as exc:

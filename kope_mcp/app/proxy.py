@@ -217,10 +217,6 @@ class HomeProxy:
                     await ctx.session.send_progress_notification(token, progress, total, message)
 
         arguments = params.arguments or {}
-        try:
-            check_home(self.home)
-        except KopeError as exc:
-            return _error(str(exc))
         if params.name in catalogue.CATALOGUE_TOOLS and not await anyio.to_thread.run_sync(self._owner_ready):
             # The first call after the daemon went idle: the catalogue as the daemon gave it in the same
             # circumstances (proxy_catalogue.py), while a new daemon starts.

@@ -33,8 +33,7 @@ class KopeMCPServer(MCPServer[AppState]):
         tool = self._tool_manager.get_tool(name)
         if tool is not None:
             # Strict, before the SDK's lenient check: a wrong type or an unknown argument is refused, not coerced
-            # or dropped (tools/_protocol.py).
-            # After the SDK's own reading of lists and objects sent as JSON strings (some clients send them so).
+            # or dropped (tools/_protocol.py); on the arguments as the SDK reads them (a list sent as JSON text).
             refusal = check_tool_arguments(name, tool.fn_metadata.arg_model,
                                            tool.fn_metadata.pre_parse_json(arguments))
             if refusal is not None:

@@ -334,20 +334,20 @@ class ClusterRoster:
             if refresh or self._failure is not None or now - self._read_at >= self.config.roster_ttl_s:
                 try:
                     self._devices = self._read()
-                except wire.RemoteFailure as exc:  # the driver's cluster is not this address's any more (a head
-                    self.link.reset()              # that restarted): a new driver joins the new one
-                    why = f"the cluster at {self.config.address} changed under this server ({exc}); joining it again"
-                    log.warning("%s", why)
-                    self._failure, self._devices, self._retry_at = why, {}, time.monotonic() + 1.0
-                    raise DeviceLostError(f"{why}; this server's own backends still work (list_devices)") from None
-                except (Lost, ConnectionError) as exc:
-                    why = (f"the cluster at {self.config.address} cannot be used: {exc}" if isinstance(
-                        exc, TokenProblem) else f"the cluster at {self.config.address} did not answer ({exc})")
+                except (Lost, ConnectionError, wire.RemoteFailure) as exc:
+                    where = f"the cluster at {self.config.address}"
+                    if isinstance(exc, wire.RemoteFailure):
+                        # The driver's cluster is not this address's any more (a head that restarted): a new driver
+                        # joins the new one, at once rather than after the backoff.
+                        self.link.reset()
+                        why, wait_s = f"{where} changed under this server ({exc}); joining it again", 1.0
+                    else:
+                        why = f"{where} cannot be used: {exc}" if isinstance(exc, TokenProblem) else \
+                            f"{where} did not answer ({exc})"
+                        wait_s, self._backoff_s = self._backoff_s, min(self._backoff_s * 2, self.config.backoff_max_s)
                     if why != self._failure:
                         log.warning("%s", why)
-                    self._failure, self._devices = why, {}
-                    self._retry_at = time.monotonic() + self._backoff_s
-                    self._backoff_s = min(self._backoff_s * 2, self.config.backoff_max_s)
+                    self._failure, self._devices, self._retry_at = why, {}, time.monotonic() + wait_s
                     raise DeviceLostError(f"{why}; this server's own backends still work (list_devices)") from None
                 if self._failure is not None:
                     log.warning("the cluster at %s answers again", self.config.address)

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -241,8 +242,6 @@ def _serve_once(address: str, worker: str, settings: KopeSettings, token: Path, 
 
 
 def _read_line(fd: int, timeout_s: float, stop: _Stop) -> str:
-    import select
-
     deadline, data = time.monotonic() + timeout_s, b""
     while not stop.asked and time.monotonic() < deadline and not data.endswith(b"\n"):
         readable, _, _ = select.select([fd], [], [], 0.5)

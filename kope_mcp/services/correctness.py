@@ -30,20 +30,20 @@ def compare_output(name: str, got: np.ndarray, expected: np.ndarray, tol: Tolera
     flat_got, exp = got.reshape(-1), expected.reshape(-1)
     if flat_got.size != exp.size:
         raise ValueError(f"{name}: {flat_got.size} elements against {exp.size} expected")
-    totals: list[int] = [0, 0, 0]
+    mismatches = unwritten = nonfinite = 0
     max_abs: float | None = None
     max_rel: float | None = None
     first: int | None = None
     exp_at: float | None = None
     got_at: float | None = None
     for start in range(0, max(exp.size, 1), chunk):
-        bad, unwritten, nonfinite, part_abs, part_rel, part_first, part_exp, part_got = _compare_chunk(
+        bad, blank, odd, part_abs, part_rel, part_first, part_exp, part_got = _compare_chunk(
             flat_got[start:start + chunk], exp[start:start + chunk], tol)
-        totals = [totals[0] + bad, totals[1] + unwritten, totals[2] + nonfinite]
+        mismatches, unwritten, nonfinite = mismatches + bad, unwritten + blank, nonfinite + odd
         max_abs, max_rel = _max(max_abs, part_abs), _max(max_rel, part_rel)
         if first is None and part_first is not None:
             first, exp_at, got_at = start + part_first, part_exp, part_got
-    return totals[0], totals[1], totals[2], max_abs, max_rel, first, exp_at, got_at
+    return mismatches, unwritten, nonfinite, max_abs, max_rel, first, exp_at, got_at
 
 
 def _compare_chunk(flat_got: np.ndarray, exp: np.ndarray, tol: Tolerance) -> Comparison:
