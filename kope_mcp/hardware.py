@@ -241,6 +241,12 @@ def streaming_bandwidth_gbps(*, again: bool = False, footprint: int | None = Non
         return best
 
 
+def known_bandwidth_gbps() -> float | None:
+    """The best memory stream measured so far (by this process, or kept in the bounds file), without probing."""
+    with _bandwidth_lock:
+        return _bandwidth_best_gbps or None
+
+
 def peak_gflops(profile: HardwareProfile, threads: int) -> float:
     """An upper bound on float32 GFLOP/s: threads x a generous 5 GHz x FMA lanes x 2 FMA units x 2 flops.
 

@@ -293,6 +293,8 @@ class ContextItem(BaseModel):
                                "there, untested here. Absent for this home's own.")
     about_agent: str | None = Field(None, description="Lessons written about another agent's attempt: that agent "
                                     "(the words are the writer's claim, the measurement that agent's session's).")
+    agent: str | None = Field(None, description="Who produced it: the client (and label) of the session that "
+                              "measured the attempt, or that wrote the lesson.")
 
     @model_serializer(mode="wrap")
     def _without_nulls(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
@@ -342,3 +344,43 @@ class DeviceList(BaseModel):
     devices: list[DeviceInfo]
     cluster: str | None = Field(None, description="The Ray cluster this server dispatches to; null: this machine.")
     warnings: list[str] = Field(default_factory=list)
+
+
+class SessionStep(BaseModel):
+    """One attempt of a session, as the session view draws it."""
+
+    kernel_id: str
+    parent_id: str | None = Field(None, description="The attempt it changed (the tree's edge).")
+    strategy: str | None = Field(None, description="The change tried (the edge's words).")
+    target: str
+    created_at: str
+    verdict: str = Field(description="compile_error, incorrect, crash..., unmeasured (correct, not profiled), or "
+                         "the measured label: effective, partial, ineffective, negative.")
+    speedup: float | None = Field(None, description="Versus the naive baseline (1.0).")
+    speedup_ci95: tuple[float, float] | None = None
+    noisy: bool = False
+    suspect: bool = False
+    best_so_far: float | None = Field(None, description="The best clean speedup of the session up to and with "
+                                      "this attempt (noisy and suspect ones never count).")
+
+
+class Roof(BaseModel):
+    """What this machine can do at most, per thread (a kernel's point above it did not do the work it claims)."""
+
+    peak_gflops_per_thread: float = Field(description="float32: a generous 5 GHz x FMA lanes x 2 units x 2 flops.")
+    bandwidth_gbps: float | None = Field(None, description="The best single-thread memory stream measured here; "
+                                         "None until a profile has measured it.")
+
+
+class SessionView(BaseModel):
+    """A session's attempts in order, for the session view (resource kope://attempts/{kernel_id}/session)."""
+
+    task_id: str
+    family: str
+    hardware_key: str
+    agent: str = Field(description="The client (and label) the session belongs to.")
+    started_at: str
+    steps: list[SessionStep]
+    incumbent_id: str | None = None
+    best_speedup: float | None = None
+    roof: Roof | None = Field(None, description="This machine's, when the session ran on it (CPU).")

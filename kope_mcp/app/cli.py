@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks.add_argument("--replace", action="store_true", help="replace an installed task of that id")
     tasks.add_argument("--family", help="only this family")
     sub.add_parser("doctor", help="what this machine offers: compilers, OpenMP, ISA, caches, sandbox")
+    view = sub.add_parser("view", help="print the address of the memory's page (or an attempt's session) in a browser")
+    view.add_argument("kernel_id", nargs="?", help="an attempt ('k-...'): its session's page")
     demo = sub.add_parser("demo", help="play a short optimisation session through MCP against this server")
     demo.add_argument("--backend", choices=["c", "triton", "cuda"], default="c",
                       help="c (this CPU, any machine) or, on a machine with an NVIDIA GPU, triton or cuda")
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # The commands that work in the home: an unusable one is one line and exit 2 before anything else (a stdio
 # `kope serve` instead answers every call with that line, so the client shows it: app/proxy.py).
-USES_HOME = {"memory", "worker", "daemon", "tasks"}
+USES_HOME = {"memory", "worker", "daemon", "tasks", "view"}
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -122,6 +124,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return run_bench_command(args)
     if args.command == "doctor":
         return _doctor()
+    if args.command == "view":
+        return _view(args.kernel_id)
     return _demo(args.backend)
 
 
@@ -164,7 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kope_mcp.app import daemon
-    from kope_mcp.app.server import configure_logging
+    from kope_mcp.app.logs import configure_logging
     from kope_mcp.settings import KopeSettings
 
     configure_logging(args.log_level)
@@ -284,7 +288,7 @@ def _daemon(action: str) -> int:
 
     from kope_mcp.app import daemon
     from kope_mcp.app.http_server import HttpOptions
-    from kope_mcp.app.server import configure_logging
+    from kope_mcp.app.logs import configure_logging
     from kope_mcp.settings import KopeSettings
 
     settings = KopeSettings.from_env()
@@ -307,6 +311,32 @@ def _daemon(action: str) -> int:
     state = daemon.running(settings.home)
     print(daemon.describe(state) if state else f"nothing serves {settings.home}")
     return 0 if state else 1
+
+
+def _view(kernel_id: str | None) -> int:
+    """The page's address on the home's daemon (started if none runs), its token in the fragment: a browser keeps
+    a fragment to itself, so the token reaches the daemon only in the page's own requests' headers."""
+    from urllib.parse import quote
+
+    from kope_mcp.app import daemon
+    from kope_mcp.app.http_server import VIEW_PREFIX
+    from kope_mcp.settings import KopeSettings
+
+    home = KopeSettings.from_env().home
+    try:
+        state = daemon.ensure(home)
+    except daemon.DaemonError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not state.url or not state.token:
+        print(f"error: {home} is served by a process without HTTP (`kope serve --no-daemon`, pid {state.pid}); "
+              "its pages are there only while a daemon or `kope serve --transport http` serves it", file=sys.stderr)
+        return 1
+    base = state.url.split("/mcp", 1)[0].rstrip("/")
+    where = f"session/{quote(kernel_id, safe='')}" if kernel_id else "memory"
+    print(f"{base}{VIEW_PREFIX}{where}#token={state.token}")
+    print("(the address carries the home's token: open it yourself, do not paste it anywhere else)", file=sys.stderr)
+    return 0
 
 
 def _tasks(action: str | None, task_id: str | None, family: str | None, replace: bool = False) -> int:

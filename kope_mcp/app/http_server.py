@@ -117,6 +117,37 @@ class BearerTokenAndActivity:
             self.activity.last = time.monotonic()
 
 
+VIEW_PREFIX = "/view/"
+# The pages' own policy (also in their <meta>): their inline script and style, and requests to this server only.
+VIEW_CSP = (b"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+            b"connect-src 'self'; frame-ancestors 'none'")
+
+
+class ViewPages:
+    """ASGI: GET /view/memory and /view/session/<kernel id> answer the views' HTML (views/): code, no data, so
+    without the token. The page reads its data over this server's MCP endpoint, with the token `kope view` put in
+    the address's fragment; every other request goes on to the bearer check."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        name = ("experience" if path == VIEW_PREFIX + "memory" else
+                "session" if path.startswith(VIEW_PREFIX + "session/") and len(path) > len(VIEW_PREFIX) + 8 else None)
+        if name is None or scope.get("method") not in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        from kope_mcp.views import page
+
+        body = page(name).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/html; charset=utf-8"), (b"content-security-policy", VIEW_CSP),
+            (b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff"),
+            (b"referrer-policy", b"no-referrer")]})
+        await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
+
+
 # A client has this long to send a request's headers, and then its body; one that trickles them in would otherwise
 # hold a connection (and a slot of the server's) for as long as it likes.
 HEADER_DEADLINE_S = 5.0
@@ -379,9 +410,9 @@ def http_app(settings: KopeSettings, options: HttpOptions, activity: Activity) -
                                          host=options.host, max_request_body_size=DEFAULT_MAX_REQUEST_BODY_SIZE,
                                          retry_interval=RETRY_MS)
     per_session(server.session_manager)  # resumable streams: a dropped connection mid-profile gets the rest
-    return BearerTokenAndActivity(RequestBodyLimit(JsonRpcEnvelope(mcp_app), DEFAULT_MAX_REQUEST_BODY_SIZE,
-                                                   settings.max_source_bytes),
-                                  options.token, activity, options.token_source)
+    return ViewPages(BearerTokenAndActivity(RequestBodyLimit(JsonRpcEnvelope(mcp_app), DEFAULT_MAX_REQUEST_BODY_SIZE,
+                                                             settings.max_source_bytes),
+                                            options.token, activity, options.token_source))
 
 
 def serve_http(settings: KopeSettings, options: HttpOptions, sock: socket.socket,

@@ -12,8 +12,6 @@ retried (it may have run).
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import json
 import logging
 import os
@@ -22,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx2
 import mcp.types as types
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
@@ -36,6 +34,7 @@ from kope_mcp.app import daemon
 from kope_mcp.app import proxy_catalogue as catalogue
 from kope_mcp.app.http_server import MCP_PATH
 from kope_mcp.app.instructions import INSTRUCTIONS
+from kope_mcp.app.proxy_early import EarlyAnswers, shipped_tools, tools_key
 from kope_mcp.app.stdio_input import stdio_wire
 from kope_mcp.errors import MAX_TEXT_CHARS, KopeError, SourceTooLargeError, TooLongError
 from kope_mcp.settings import KopeSettings, check_home
@@ -113,6 +112,8 @@ class OwnerLink:
                 self._answer(first, error=exc)
                 continue
             self.in_flight = [first]
+            from mcp.client.streamable_http import streamable_http_client
+
             try:
                 transport = streamable_http_client(state.url.rstrip("/") + MCP_PATH,
                                                    http_client=daemon.http_client(state))
@@ -161,6 +162,8 @@ class HomeProxy:
         self._settings_checked = False
         self._settings_warning: str | None = None
         self._kept: set[tuple[str, str]] = set()  # catalogue answers this proxy has kept (proxy_catalogue.py)
+        self.early = EarlyAnswers(home)
+        self.background: anyio.abc.TaskGroup | None = None  # the proxy's own tasks (run_stdio_proxy sets it)
 
     async def _ask(self, ctx: Any, call: Any) -> Any:
         """_with_owner for a request that is not a tool call: a KopeError (no daemon, an unusable home) becomes a
@@ -198,11 +201,28 @@ class HomeProxy:
         if _cursor(params) is not None:  # the daemon's to judge (it hands out none: refused there)
             return await self._ask(ctx, lambda c: c.list_tools(cursor=_cursor(params)))
         if self._tools is None:
-            self._tools = _cached_tools(self.home)
+            self._tools = shipped_tools() or _cached_tools(self.home)
+            if self._tools is not None:
+                await self._prepare(ctx)
         if self._tools is None:
             self._tools = await self._ask(ctx, lambda c: c.list_tools())
             _cache_tools(self.home, self._tools)
         return self._tools
+
+    async def _prepare(self, ctx: Any) -> None:
+        """The tool list was answered here: get ready for the first call meanwhile (a model takes seconds to make
+        it), without delaying this answer. With a daemon accepting, the session to it is opened (a ping: 0.2-0.3 s
+        of imports and handshake off the first call); with none yet, this proxy's own answers are built."""
+        if self.background is None:
+            return
+        if await anyio.to_thread.run_sync(self._owner_ready):
+            self.background.start_soon(self._ping, ctx)
+        else:
+            threading.Thread(target=self.early.warm, name="kope-early-warm", daemon=True).start()
+
+    async def _ping(self, ctx: Any) -> None:
+        with contextlib.suppress(Exception):  # only a head start: the first call reports what went wrong
+            await self._with_owner(ctx, lambda c: c.list_prompts())
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         oversized = _oversized(params.arguments or {})
@@ -217,10 +237,8 @@ class HomeProxy:
                     await ctx.session.send_progress_notification(token, progress, total, message)
 
         arguments = params.arguments or {}
-        if params.name in catalogue.CATALOGUE_TOOLS and not await anyio.to_thread.run_sync(self._owner_ready):
-            # The first call after the daemon went idle: the catalogue as the daemon gave it in the same
-            # circumstances (proxy_catalogue.py), while a new daemon starts.
-            early = await anyio.to_thread.run_sync(catalogue.cached, self.home, params.name, arguments)
+        if not await anyio.to_thread.run_sync(self._owner_ready):
+            early = await anyio.to_thread.run_sync(self._early, params.name, arguments)
             if early is not None:
                 start_owner(self.home)  # the next call that needs the daemon finds it started
                 return early
@@ -241,6 +259,15 @@ class HomeProxy:
             return _error(f"daemon_unavailable: the kope daemon for {self.home} stopped during {params.name} "
                           f"({exc}); it may or may not have completed. Call again: a new daemon starts, with "
                           "every acknowledged result intact.")
+
+    def _early(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult | None:
+        """While no daemon accepts: the catalogue as the daemon last gave it in the same circumstances
+        (proxy_catalogue.py), else what this proxy can answer as the daemon would (proxy_early.py)."""
+        try:
+            check_home(self.home)
+        except KopeError:
+            return None  # the call goes on to say what is wrong with the home, as every call there does
+        return catalogue.cached(self.home, tool, arguments) or self.early.answer(tool, arguments)
 
     def _owner_ready(self) -> bool:
         state = daemon.running(self.home)
@@ -313,18 +340,8 @@ def _caller(ctx: Any) -> types.Implementation | None:
     return types.Implementation(name=info.name, version=info.version) if info else None
 
 
-@functools.cache
-def _tools_key() -> str:
-    """What the tool list depends on: this package's version and the source of its tool and model modules."""
-    root = Path(kope_mcp.__file__).parent
-    digest = hashlib.sha256(kope_mcp.__version__.encode())
-    for path in sorted([*root.glob("tools/*.py"), root / "models.py", root / "app" / "instructions.py"]):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
 def _tools_cache(home: Path) -> Path:
-    return home / daemon.DAEMON_DIR / f"tools-{_tools_key()}.json"
+    return home / daemon.DAEMON_DIR / f"tools-{tools_key()}.json"
 
 
 def _cached_tools(home: Path) -> types.ListToolsResult | None:
@@ -382,8 +399,8 @@ def run_stdio_proxy(home: Path) -> None:
         check_home(home)
     except KopeError as exc:  # served anyway: every call answers this line, which the client shows
         log.error("%s", exc)
+    proxy = HomeProxy(home)  # first: it reads whether the home has a memory before a daemon starts making one
     start_owner(home)
-    proxy = HomeProxy(home)
     server: Server[Any] = Server(
         "kope-mcp", version=kope_mcp.__version__, instructions=INSTRUCTIONS,
         on_list_tools=proxy.list_tools, on_call_tool=proxy.call_tool,
@@ -399,6 +416,7 @@ def run_stdio_proxy(home: Path) -> None:
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
+            proxy.background = tg
             tg.start_soon(proxy.link.run)
             wire = stdio_wire(types.jsonrpc_message_adapter, on_end=client_left)
             async with stdio_server(*wire) as (read, write):  # type: ignore[arg-type]

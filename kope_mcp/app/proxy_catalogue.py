@@ -24,7 +24,6 @@ from typing import Any
 import mcp.types as types
 
 import kope_mcp
-from kope_mcp.tasks.registry import SUITE_DIR, USER_TASKS_DIR
 
 CATALOGUE_TOOLS = frozenset({"list_tasks", "get_task"})
 _FOLDER = "catalogue"
@@ -53,6 +52,8 @@ def _stat(digest: Any, path: Path) -> None:
 
 def circumstances(home: Path) -> str:
     """The key of everything a catalogue answer depends on (a few ms: the task folders are small)."""
+    from kope_mcp.tasks.registry import SUITE_DIR, USER_TASKS_DIR
+
     digest = hashlib.sha256(kope_mcp.__version__.encode())
     package = Path(kope_mcp.__file__).parent
     for sub in ("tools", "tasks", "targets"):

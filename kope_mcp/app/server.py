@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,6 +17,7 @@ from kope_mcp.settings import KopeSettings
 from kope_mcp.tools import memory as memory_tools
 from kope_mcp.tools import prompts as prompt_tools
 from kope_mcp.tools import tasks as task_tools
+from kope_mcp.tools import views as view_tools
 from kope_mcp.tools import workbench as workbench_tools
 from kope_mcp.tools._context import AppState, LiveState
 from kope_mcp.tools._errors import model_facing_message
@@ -149,23 +148,11 @@ def build_server(settings: KopeSettings | None = None) -> MCPServer[AppState]:
         lifespan=lifespan,
         log_level="WARNING",
         middleware=[refuse_foreign_cursors],
+        extensions=[view_tools.apps()],
     )
     task_tools.register(server)
     workbench_tools.register(server)
     memory_tools.register(server, live)
     prompt_tools.register(server, live)
+    view_tools.register(server, live)
     return server
-
-
-# Libraries that log every request at INFO (the stdio proxy's HTTP client wrote ~7 lines per tool call to the
-# client's log): quiet unless DEBUG is asked for.
-CHATTY = ("httpx", "httpx2", "httpcore", "mcp.client", "mcp.server.streamable_http_manager",
-          "mcp.server.lowlevel.server", "mcp.server.mcpserver.server")
-
-
-def configure_logging(level: str = "INFO") -> None:
-    # stdout belongs to the MCP protocol in stdio mode: every log line goes to stderr.
-    logging.basicConfig(stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if level != "DEBUG":
-        for name in CHATTY:
-            logging.getLogger(name).setLevel(logging.WARNING)

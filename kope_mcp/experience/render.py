@@ -180,7 +180,7 @@ def attempt_data(rec: AttemptRecord) -> dict[str, Any]:
             "step_ratio": rec.step_ratio, "confidence": rec.confidence, "task_id": rec.task_id,
             "family": rec.family, "hardware": rec.hardware_key, "flags": list(rec.flags),
             "error_signature": rec.error_signature if not rec.ok or rec.correct is False else None,
-            "origin": rec.origin or None}
+            "origin": rec.origin or None, "agent": rec.agent or None}
 
 
 def item_data(cand: Candidate) -> dict[str, Any]:
@@ -195,4 +195,4 @@ def item_data(cand: Candidate) -> dict[str, Any]:
     return {"target": lesson.target, "strategy": lesson.strategy, "label": lesson.label, "speedup": lesson.speedup,
             "step_ratio": lesson.step_ratio, "confidence": lesson.confidence, "verified": lesson.verified,
             "task_id": lesson.task_id, "family": lesson.family, "hardware": lesson.hardware_key,
-            "origin": lesson.origin or None, "about_agent": lesson.about_agent or None}
+            "origin": lesson.origin or None, "about_agent": lesson.about_agent or None, "agent": lesson.agent or None}

@@ -13,7 +13,7 @@ contexts to never fall below the real count (results then name the estimate inst
 
 from __future__ import annotations
 
-import base64
+import binascii
 import functools
 import hashlib
 import logging
@@ -105,8 +105,9 @@ def _load_cl100k() -> Any:
     data = (resources.files("tiktoken_ext") / "data" / "cl100k_base.tiktoken").read_bytes()
     if hashlib.sha256(data).hexdigest() != _CL100K_SHA256:
         raise ValueError("cl100k_base.tiktoken does not match tiktoken's published sha256")
-    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines()
-                                                                     if line)}
+    # "<base64 token> <rank>" per line, decoded by C-level maps (a dict comprehension over b64decode: 0.2 s)
+    words = data.split()
+    ranks = dict(zip(map(binascii.a2b_base64, words[0::2]), map(int, words[1::2]), strict=True))
     return tiktoken.Encoding(ENCODING, pat_str=_CL100K_PATTERN, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": 100257})
 

@@ -26,11 +26,13 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "all-MiniLM-L6-v2"
+LOADING = "loading in the background"  # the status until the model has loaded (or failed to)
+EMBEDDINGS_OFF = "disabled by KOPE_EMBEDDINGS=off"
 
 
 class BackgroundEmbedder:
     def __init__(self, enabled: bool = True, threads: int | None = None, bf16: bool = True,
-                 why_off: str = "disabled by KOPE_EMBEDDINGS=off") -> None:
+                 why_off: str = EMBEDDINGS_OFF) -> None:
         self.enabled = enabled
         self._try_bf16 = bf16
         self._bf16 = False
@@ -88,7 +90,7 @@ class BackgroundEmbedder:
     def status(self) -> str:
         if self.available:
             return f"{MODEL_NAME} loaded ({self.runtime})"
-        return self._error or "loading in the background"
+        return self._error or LOADING
 
     def wait(self, timeout: float | None = None) -> bool:
         self._ready.wait(timeout)

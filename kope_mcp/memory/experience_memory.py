@@ -16,7 +16,7 @@ import numpy as np
 
 from kope_mcp.hardware import HardwareProfile, detect_hardware
 from kope_mcp.memory.diffs import short_diff
-from kope_mcp.memory.embedder import MODEL_NAME, BackgroundEmbedder
+from kope_mcp.memory.embedder import EMBEDDINGS_OFF, MODEL_NAME, BackgroundEmbedder
 from kope_mcp.memory.embedding_backlog import EmbeddingBacklog
 from kope_mcp.memory.outcome import downstream, label_for, measurement_confidence, ratio_interval, step_ratio
 from kope_mcp.memory.read_index import SUFFIX as INDEX_SUFFIX
@@ -60,7 +60,7 @@ class ExperienceMemory(MemoryTransfer):
     through its store, vectors or embedder."""
 
     @classmethod
-    def open(cls, path: Path, embeddings: bool = True, why_off: str = "disabled by KOPE_EMBEDDINGS=off",
+    def open(cls, path: Path, embeddings: bool = True, why_off: str = EMBEDDINGS_OFF,
              cache_bytes: int = 0) -> ExperienceMemory:
         """The memory at ``path`` (a Kùzu database), embedding in the background when ``embeddings`` (else
         ``why_off`` is what its status says); ``cache_bytes`` caps the database's page cache (0: Kùzu's default,
@@ -367,6 +367,10 @@ class ExperienceMemory(MemoryTransfer):
     def attempt(self, kernel_id: str) -> AttemptRecord:
         """One attempt with its source (raises UnknownKernelError)."""
         return self.store.attempt(kernel_id)
+
+    def attempts_in_session(self, session_id: str) -> list[AttemptRecord]:
+        """A session's attempts without their sources, oldest first."""
+        return self.store.attempts_in_session(session_id)
 
     def all_attempts(self) -> list[AttemptRecord]:
         """Every attempt with its source, oldest first."""

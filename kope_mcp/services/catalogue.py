@@ -2,15 +2,58 @@
 
 from __future__ import annotations
 
-from kope_mcp.errors import DeviceLostError
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kope_mcp.errors import DeviceLostError, UnknownBackendError
 from kope_mcp.models import ArgumentInfo, CaseInfo, TargetSignature, TaskDetail, TaskList, ToleranceInfo
-from kope_mcp.services.workbench import Workbench
-from kope_mcp.targets.base import TargetStatus
-from kope_mcp.tasks.registry import FAMILIES
+from kope_mcp.targets.base import Target, TargetStatus
+from kope_mcp.tasks.registry import FAMILIES, TaskRegistry
 from kope_mcp.tasks.spec import C_TYPES, CaseSpec
 
+if TYPE_CHECKING:
+    from kope_mcp.settings import KopeSettings
+    from kope_mcp.tasks.loader import Task
 
-def list_tasks(workbench: Workbench, family: str | None = None, level: int | None = None) -> TaskList:
+
+class Catalogue(Protocol):
+    """What the catalogue reads: the tasks, this machine's backends, the cluster's devices (a Workbench is one)."""
+
+    tasks: TaskRegistry
+    targets: dict[str, Target]
+
+    @property
+    def cluster(self) -> Any: ...
+
+    def backends_for(self, task: Task) -> list[str]: ...
+
+
+@dataclass
+class LocalCatalogue:
+    """This machine's tasks and backends with no workbench around them (no memory, no cluster): what the stdio
+    proxy answers the catalogue from while its home's first daemon starts (app/proxy_early.py)."""
+
+    tasks: TaskRegistry
+    targets: dict[str, Target]
+    cluster: None = None
+
+    @classmethod
+    def of(cls, settings: KopeSettings) -> LocalCatalogue:
+        from kope_mcp.targets.registry import load_targets
+
+        return cls(TaskRegistry.default(settings.home), load_targets(settings))
+
+    def backends_for(self, task: Task) -> list[str]:
+        return [name for name, t in self.targets.items() if t.supports(task)]
+
+    def target_hardware_key(self, name: str) -> str:
+        """As the workbench's (workbench_devices.py), for a server without a cluster."""
+        if name not in self.targets:
+            raise UnknownBackendError(name, self.targets)
+        return self.targets[name].hardware().key
+
+
+def list_tasks(workbench: Catalogue, family: str | None = None, level: int | None = None) -> TaskList:
     found = workbench.tasks.list(family, level)
 
     def line(task_id: str, family: str, level: int, summary: str, backends: list[str]) -> str:
@@ -28,7 +71,7 @@ def list_tasks(workbench: Workbench, family: str | None = None, level: int | Non
     )
 
 
-def _cluster_devices(workbench: Workbench) -> dict[str, list[str]]:
+def _cluster_devices(workbench: Catalogue) -> dict[str, list[str]]:
     devices: dict[str, list[str]] = {}
     if workbench.cluster is None:
         return devices
@@ -49,7 +92,7 @@ def describe_status(status: TargetStatus) -> str:
     return text + (f" ({status.why_not})" if status.why_not and not status.profile else "")
 
 
-def describe_task(workbench: Workbench, task_id: str) -> TaskDetail:
+def describe_task(workbench: Catalogue, task_id: str) -> TaskDetail:
     task = workbench.tasks.get(task_id)
     spec = task.spec
     return TaskDetail(

@@ -11,14 +11,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from kope_mcp.errors import CancelledCallError
-from kope_mcp.runtime import cancel
 from kope_mcp.services.references import ReferenceRunner
+from kope_mcp.services.turns import Turns
 from kope_mcp.targets.native_runner import PreparedCase
 from kope_mcp.tasks.loader import Task
 from kope_mcp.tasks.spec import CaseSpec
@@ -47,8 +45,7 @@ class CasePreparer:
         self._cache: OrderedDict[tuple[str, str, int], Prepared] = OrderedDict()
         self._cached_bytes = 0
         self._lock = threading.Lock()
-        self._drawn = threading.Condition()
-        self._drawing = 0
+        self._turns = Turns(drawn_at_once, "the wait to draw a test case")
 
     def prepared(self, task: Task, wanted: list[tuple[CaseSpec, int, bool]]) -> list[Prepared]:
         """Inputs and expected outputs for each (case, seed, cacheable); what is not cached yet is made in one
@@ -88,33 +85,10 @@ class CasePreparer:
         with self._lock:
             return self._cached_bytes
 
-    @contextlib.contextmanager
-    def drawn_turn(self) -> Iterator[None]:
+    def drawn_turn(self) -> contextlib.AbstractContextManager[None]:
         """Held while a call makes, runs and judges its drawn case; a cancelled waiter leaves at once."""
-        with self._drawn:
-            with cancel.on_cancel(self._wake):
-                while self._drawing >= self.drawn_at_once:
-                    _unless_cancelled()
-                    self._drawn.wait()
-                _unless_cancelled()
-            self._drawing += 1
-        try:
-            yield
-        finally:
-            with self._drawn:
-                self._drawing -= 1
-                self._drawn.notify_all()  # all: a woken waiter may be one whose call was just cancelled
+        return self._turns.turn()
 
     @property
     def drawing(self) -> int:
-        with self._drawn:
-            return self._drawing
-
-    def _wake(self) -> None:
-        with self._drawn:
-            self._drawn.notify_all()
-
-
-def _unless_cancelled() -> None:
-    if cancel.cancelled():
-        raise CancelledCallError("the wait to draw a test case")
+        return self._turns.taken

@@ -52,6 +52,7 @@ from kope_mcp.services.profile_inputs import draw_profile_inputs, variant_refere
 from kope_mcp.services.references import ReferenceRunner
 from kope_mcp.services.stats import paired_speedup, ratio_spread, summarize
 from kope_mcp.services.test_inputs import CasePreparer
+from kope_mcp.services.turns import Turns
 from kope_mcp.services.verdicts import (
     FAILURE_NEXT_STEPS,
     SEEDS_PER_CASE,
@@ -84,6 +85,9 @@ def _noop(done: float, total: float, message: str) -> None:
 
 # How stale a running server's task catalogue may be: added, edited or removed task folders are seen within this.
 TASKS_WATCH_S = 1.0
+# Profile input pools held at once across all devices (a cluster server has a slot per device; each profile
+# holds its pool from drawing it to judging the outputs).
+PROFILE_POOLS_AT_ONCE = 2
 
 
 class Workbench(WorkbenchDevices):
@@ -117,6 +121,7 @@ class Workbench(WorkbenchDevices):
         self.last_profile_request = time.monotonic()
         self.references = ReferenceRunner(settings)
         self.test_inputs = CasePreparer(self.references)
+        self.profile_pools = Turns(PROFILE_POOLS_AT_ONCE, "the wait to draw a profile's inputs")
 
     # --- compile -------------------------------------------------------------------------------------------
     def compile_kernel(
@@ -367,9 +372,13 @@ class Workbench(WorkbenchDevices):
         progress(0, 3, "waiting for the measurement slot")
         client = (agent or AgentInfo()).display
         slot = self.measure_slot(record.target)
-        with slot.hold(client) as wait:
+        with slot.hold(client) as wait, contextlib.ExitStack() as pools:
             # Drawn only once the device is this call's: a queued profile holds no input pool (0.6-1.2 GB each
             # for vector_add; eight queued clients took the daemon to 5.8 GB and the OOM killer).
+            if self.profile_pools.taken >= self.profile_pools.at_once:
+                progress(1, 3, "waiting for a turn to draw the profiling inputs (memory bound: other devices' "
+                         "profiles hold theirs)")
+            pools.enter_context(self.profile_pools.turn())
             progress(1, 3, "drawing fresh input sets and their reference outputs at the profiling size")
             pool = draw_profile_inputs(task, self.references, device_class)
             sets, expected = pool.sets, pool.expected

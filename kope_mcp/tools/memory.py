@@ -13,6 +13,8 @@ from pydantic import Field
 from kope_mcp.memory.admin import memory_stats
 from kope_mcp.models import Phase, QueryResult, RecordResult
 from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, AppState, LiveState, agent_info, app_state, call_service
+from kope_mcp.tools.views import ui_meta
+from kope_mcp.views import EXPERIENCE_URI
 
 
 def register(server: MCPServer[Any], live: LiveState) -> None:
@@ -53,6 +55,7 @@ def register(server: MCPServer[Any], live: LiveState) -> None:
         name="query_experience",
         title="Get the most relevant experience",
         annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+        meta=ui_meta(EXPERIENCE_URI),
     )
     async def query_experience(
         ctx: Context[AppState],

@@ -11,6 +11,8 @@ from pydantic import Field
 
 from kope_mcp.models import CompileResult, DeviceList, ProfileReport, TestReport
 from kope_mcp.tools._context import AGENT_LABEL_DOC, APPENDS, AppState, agent_info, app_state, call_service
+from kope_mcp.tools.views import ui_meta
+from kope_mcp.views import SESSION_URI
 
 KernelId = Annotated[str, Field(description="The kernel_id returned by compile_kernel.")]
 
@@ -98,6 +100,7 @@ def register(server: MCPServer[Any]) -> None:
         name="profile_kernel",
         title="Measure a tested kernel",
         annotations=ToolAnnotations(read_only_hint=False, idempotent_hint=False, open_world_hint=False),
+        meta=ui_meta(SESSION_URI),
     )
     async def profile_kernel(
         ctx: Context[AppState],

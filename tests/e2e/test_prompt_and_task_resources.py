@@ -41,11 +41,13 @@ def test_the_prompt_walks_the_experience_driven_loop_for_the_task_and_backend(se
 def test_every_task_is_a_resource_with_what_get_task_returns(server):
     async def body():
         async with Client(server) as client:
-            (template,) = (await client.list_resource_templates()).resource_templates
-            assert template.uri_template == "kope://tasks/{task_id}"
+            templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
+            assert templates == {"kope://tasks/{task_id}", "kope://attempts/{kernel_id}/session"}
             task = json.loads((await client.read_resource("kope://tasks/softmax")).contents[0].text)
             assert task["id"] == "softmax" and task["prototype"].startswith("void kernel(")
             assert {"c", "triton", "cuda"} <= set(task["backends"])
             with pytest.raises(MCPError, match="unknown_task:"):
                 await client.read_resource("kope://tasks/nope")
+            with pytest.raises(MCPError, match="unknown_kernel:"):
+                await client.read_resource("kope://attempts/k-nope/session")
     anyio.run(body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -38,7 +39,18 @@ def test_a_stdio_client_can_compile_test_and_survive_a_crashing_kernel(tmp_path)
                 prompt = await client.get_prompt("optimise_kernel", {"task_id": "relu"})
                 assert "query_experience" in prompt.messages[0].content.text
                 templates = (await client.list_resource_templates()).resource_templates
-                assert [t.uri_template for t in templates] == ["kope://tasks/{task_id}"]
+                assert [t.uri_template for t in templates] == ["kope://tasks/{task_id}",
+                                                                "kope://attempts/{kernel_id}/session"]
+                # ... and the views (MCP Apps): their pages, and the session resource the session view reads.
+                views = {str(r.uri): r.mime_type for r in (await client.list_resources()).resources}
+                assert views["ui://kope/session.html"] == "text/html;profile=mcp-app"
+                assert views["ui://kope/experience.html"] == "text/html;profile=mcp-app"
+                session = json.loads((await client.read_resource(f"kope://attempts/{kernel_id}/session"))
+                                     .contents[0].text)
+                assert session["steps"][-1]["kernel_id"] == kernel_id and session["task_id"] == "vector_add"
+                listed = {t.name: t.meta for t in (await client.list_tools()).tools}
+                assert listed["profile_kernel"]["ui"]["resourceUri"] == "ui://kope/session.html"
+                assert listed["query_experience"]["ui"]["resourceUri"] == "ui://kope/experience.html"
                 refused = await client.call_tool("get_task", {"task_id": "nope"})
                 assert refused.is_error and refused.content[0].text.startswith("unknown_task:")
                 # Past the daemon's HTTP body limit, the answer is the cap, not a bare 413.
@@ -85,7 +97,8 @@ def test_a_stdio_client_outlives_its_homes_daemon_between_calls(tmp_path):
         with anyio.fail_after(180):
             async with Client(params) as client:
                 assert not (await client.call_tool("list_tasks", {"family": "matmul"})).is_error
-                first = daemon.running(home)
+                # The proxy may answer the catalogue itself while the daemon it started comes up: wait for it.
+                first = await anyio.to_thread.run_sync(daemon.ensure, home)
                 await anyio.to_thread.run_sync(daemon.stop, home)  # the proxy's kept session breaks
                 await anyio.sleep(1.5)  # its event stream notices and retries meanwhile
                 # Not the catalogue (a kept answer would serve it while a new daemon starts): the memory's stats.

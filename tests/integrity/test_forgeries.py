@@ -266,7 +266,10 @@ def test_results_computed_at_load_have_no_inputs_to_be_computed_from(outcomes, b
     assert profiled is not None and profiled.failure is None, profiled
     assert not clean_win(profiled), profiled  # it found no pool to compute ahead: the naive loop, measured
     record = bench.store.attempt(kernel_id)
-    assert record.label != "effective" or not record.teaches, record
+    # Its own code (a branch, then the loop in another place) can measure 5-15% faster than the baseline here
+    # (1.02-1.14x against 1.00-1.07x for the same loop without the cache): a win of placement, as honest as any.
+    # What the protocol guarantees is that nothing computed at load is replayed: never more than placement gives.
+    assert record.label != "effective" or (record.speedup or 0) < TRICK_PAYS, record
 
 
 def test_the_baselines_own_code_moved_around_is_never_effective(bench):

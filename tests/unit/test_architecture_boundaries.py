@@ -131,7 +131,7 @@ MEMORY_INSIDES = ("kope_mcp.memory.store", "kope_mcp.memory.embedder", "kope_mcp
                   "kope_mcp.memory.bulk", "kope_mcp.memory.journal", "kope_mcp.memory.read_index")
 FRONT_DOOR = {"memory/experience_memory.py", "memory/transfer.py", "memory/embedding_backlog.py",
               "memory/store.py", "memory/bulk.py", "memory/journal.py", "memory/embedder.py", "memory/vectors.py",
-              "memory/read_index.py"}
+              "memory/read_index.py", "memory/empty.py"}
 
 
 def test_only_the_memorys_front_door_touches_its_store_embedder_and_vectors():

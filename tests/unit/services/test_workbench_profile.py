@@ -74,3 +74,31 @@ def test_a_queued_profile_draws_its_inputs_only_once_it_holds_the_device(workben
         assert not drawn.wait(timeout=1.5)
     waiting.join(timeout=300)
     assert drawn.is_set() and len(reports) == 1
+
+
+def test_a_profile_waits_for_a_pool_turn_when_other_devices_profiles_hold_them(workbench, monkeypatch):
+    from kope_mcp.services import workbench as workbench_module
+    from kope_mcp.services.turns import Turns
+
+    compiled = workbench.compile_kernel("vector_add", VECTOR_ADD_OK, strategy="plain loop, pool turn")
+    assert workbench.run_tests(compiled.kernel_id).passed
+    drawn = threading.Event()
+    real_draw = workbench_module.draw_profile_inputs
+
+    def draw(*args: object) -> object:
+        drawn.set()
+        return real_draw(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(workbench_module, "draw_profile_inputs", draw)
+    monkeypatch.setattr(workbench, "profile_pools", Turns(1, "the wait to draw a profile's inputs"))
+    said: list[str] = []
+    reports: list[object] = []
+    with workbench.profile_pools.turn():  # another device's profile holds the one pool allowed
+        waiting = threading.Thread(target=lambda: reports.append(workbench.profile_kernel(
+            compiled.kernel_id, time_reference=False, progress=lambda p, t, m: said.append(m or ""))))
+        waiting.start()
+        # It holds its own device's slot, but draws nothing until a pool turn is free.
+        assert not drawn.wait(timeout=1.5)
+        assert any("waiting for a turn to draw" in m for m in said)
+    waiting.join(timeout=300)
+    assert drawn.is_set() and len(reports) == 1 and workbench.profile_pools.taken == 0
