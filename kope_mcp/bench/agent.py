@@ -8,8 +8,8 @@ Arms differ only in what the agent reads before choosing:
 - ``passive@W``: the whole memory (resource kope://memory/history.json) every iteration, as an agent that pastes
   its entire history into its own context;
 - ``active@W``: query_experience with a token budget (active context selection);
-- ``aa@W``: the A/A control: passive's reads through the same window, static's choices (and static's seeded
-  tie-breaks), so it must tie ``static``: a difference is bias of the protocol between arms, not memory;
+- ``aa@W``: the A/A control: passive's reads through the same window, static's choices (tie-breaks are seeded
+  by task for every arm), so it must tie ``static``: a difference is bias of the protocol between arms;
 - ``shuffled@W``: the sensitivity arm of passive: the same history with its lines in a seeded random order, so
   what the window's truncation keeps no longer depends on when things happened.
 The agent keeps a chat transcript bounded to W tokens (transcript.py: its task, what it read, the kernels it
@@ -31,6 +31,8 @@ from typing import Any
 from mcp import Client
 
 from kope_mcp.bench.candidates import BY_NAME, CHOICES, Kernel
+from kope_mcp.bench.measure import Figure, SharedMeasure, measurably_faster
+from kope_mcp.bench.tool_calls import call_tool
 from kope_mcp.bench.transcript import WINDOWS, Transcript
 
 ACTIVE_BUDGET = 2000
@@ -53,10 +55,6 @@ def parse_arm(arm: str) -> tuple[str, int | None]:
 
 SYSTEM = ("You optimise a C kernel with the kope-mcp tools: choose a strategy from what you remember, compile, "
           "test, profile, keep the fastest correct kernel, and record what you learned.")
-
-
-class ToolFailed(RuntimeError):
-    pass
 
 
 @dataclass
@@ -82,8 +80,13 @@ class TaskRun:
     # [attempt, source, flags] each time the incumbent changed (attempt 0: the naive kernel every run starts from)
     kept: list[list[Any]] = field(default_factory=list)
     verdicts: dict[str, int] = field(default_factory=dict)  # suspect, noisy and timing_unverified profiles
-    # The incumbent's speedup after each attempt as the judge re-profiled it (judge.py): what metrics read
+    # The incumbent's speedup after each attempt by the figures of the whole run: the shared figure every arm
+    # decided on (measure.py), or the judge's re-profiles (judge.py) where there is none: what metrics read
     judged: list[float] = field(default_factory=list)
+    # [attempt, kernel key, figure, its interval's low end, kept] for every candidate decided on a shared figure
+    # (measure.py): the report checks that no two arms decided one kernel on different figures
+    decisions: list[list[Any]] = field(default_factory=list)
+    error: str = ""  # why this run stopped short (a tool failed): not a result; `--resume` runs it again
     # A model's episode (llm_episode.py); the scripted agent leaves them at 0
     tool_calls: int = 0
     tool_errors: int = 0
@@ -155,13 +158,6 @@ def static_order(history: dict[str, Any]) -> list[str]:
     return sorted(scores, key=lambda name: -scores[name])
 
 
-async def call_tool(client: Client, name: str, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool(name, args)
-    if result.is_error or result.structured_content is None:
-        raise ToolFailed(f"{name}: {getattr(result.content[0], 'text', '?') if result.content else '?'}")
-    return result.structured_content
-
-
 async def read_history(client: Client) -> dict[str, Any]:
     """The whole memory as data (resource kope://memory/history.json)."""
     raw = "".join(getattr(c, "text", "") for c in (await client.read_resource("kope://memory/history.json")).contents)
@@ -204,14 +200,16 @@ async def _read_memory(client: Client, policy: str, task_id: str, session_id: st
 
 
 async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: int,
-                   ranking: list[str] | None = None) -> TaskRun:
-    """Work one task with `budget` attempts; every outcome goes through (and into) the server's memory."""
+                   ranking: list[str] | None = None, measure: SharedMeasure | None = None) -> TaskRun:
+    """Work one task with `budget` attempts; every outcome goes through (and into) the server's memory. With
+    `measure`, a candidate is kept or not on its shared figure (measure.py), whatever its own profile said."""
     started = time.monotonic()
     policy, window = parse_arm(arm)
     task = await call_tool(client, "get_task", task_id=task_id)
     run = TaskRun(task_id=task_id, family=task["family"], policy=arm, seed=seed, budget=budget)
-    # The A/A arm breaks ties as static does: same seed, same choices, only the reading differs.
-    rng = random.Random(f"{seed}/{'static' if policy == 'aa' else arm}/{task_id}")
+    # Ties are broken by task and seed, the same for every arm: a tie-break seeded by arm is noise that has
+    # nothing to do with what the arm read (and the A/A arm makes static's choices exactly).
+    rng = random.Random(f"{seed}/{task_id}")
     transcript = Transcript(window)
     transcript.add("system", SYSTEM, pinned=True)
     transcript.add("user", f"Task {task_id} ({task['family']}): {task.get('description', '')}\n"
@@ -260,9 +258,13 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
         run.attempts += 1
         run.strategies.append(name)
         run.load.append(round(os.getloadavg()[0], 2))
+        shared: list[Figure] = []
         outcome, kernel_id, session_id, speedup = await attempt(client, task_id, candidate, name, session_id,
                                                                   parent_id, run.best_speedup, transcript,
-                                                                  run.verdicts)
+                                                                  run.verdicts, measure, shared)
+        if measure is not None and shared:
+            run.decisions.append([run.attempts, measure.key(task_id, candidate.source, candidate.flags),
+                                  shared[0].speedup, shared[0].low, outcome == "faster"])
         if run.hardware is None:
             run.hardware = transcript.hardware
         run.outcomes[outcome] = run.outcomes.get(outcome, 0) + 1
@@ -282,9 +284,12 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
 
 async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, session_id: str | None,
                    parent_id: str | None, incumbent_speedup: float, transcript: Transcript | None = None,
-                   verdicts: dict[str, int] | None = None) -> tuple[str, str, str, float | None]:
+                   verdicts: dict[str, int] | None = None, measure: SharedMeasure | None = None,
+                   shared: list[Figure] | None = None) -> tuple[str, str, str, float | None]:
     """compile -> test -> profile; "faster" means measurably faster than the incumbent (the lower end of the
-    speedup's 95% CI above the incumbent's speedup), "correct" means passed but not better."""
+    speedup's 95% CI above the incumbent's speedup), "correct" means passed but not better. With `measure` the
+    decision and the speedup are the kernel's shared figure's (appended to `shared`); the arm's own profile
+    only goes into its memory."""
     args: dict[str, Any] = {"task_id": task_id, "source": kernel.source, "strategy": strategy,
                             "flags": list(kernel.flags), "agent": "scripted"}
     if session_id:
@@ -315,6 +320,14 @@ async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, s
                 verdicts[flag] = verdicts.get(flag, 0) + 1
         if profile.get("failure") == "timing_unverified":
             verdicts["timing_unverified"] = verdicts.get("timing_unverified", 0) + 1
+    if measure is not None:
+        figure = await measure.figure(task_id, kernel.source, kernel.flags)
+        if shared is not None:
+            shared.append(figure)
+        if figure.speedup is None:
+            return ("correct" if figure.failure == "timing_unverified" else "incorrect"), kernel_id, session_id, None
+        kept = measurably_faster(figure, incumbent_speedup)
+        return ("faster" if kept else "correct"), kernel_id, session_id, figure.speedup
     if profile.get("failure") == "timing_unverified":
         return "correct", kernel_id, session_id, None  # nothing measured that can be trusted
     if profile.get("failure"):

@@ -18,6 +18,7 @@ from kope_mcp.bench.agent import TaskRun
 from kope_mcp.bench.metrics import (
     area_under_best,
     attempts_to_near_best,
+    bootstrap_interval,
     holm,
     minimum_detectable,
     paired,
@@ -55,6 +56,9 @@ def design_and_power(by_arm: dict[str, list[TaskRun]], policies: tuple[str, ...]
              f"(effect of interest {ATTEMPTS_OF_INTEREST:.0f} attempt). The SDs below are this run's own.", "",
              f"An exact sign-flip test cannot give p below 2 / 2^n: under Holm's strictest level "
              f"({ALPHA} / {m}) no result is possible with fewer than {min_pairs(m)} pairs, whatever the effect.", "",
+             "Minimum detectable differences and pairs needed are simulated for that exact test (normal "
+             "differences of the SD observed), not taken from a normal approximation, which is optimistic at few "
+             "pairs.", "",
              "| window | pairs | SD of paired differences (primary) | minimum detectable (80% power) | pairs needed "
              "for 0.095 | SD (attempts to 90%) | minimum detectable (attempts) | pairs needed for 1 attempt |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -94,24 +98,58 @@ def primary(by_arm: dict[str, list[TaskRun]], policies: tuple[str, ...]) -> list
     return lines
 
 
+def over_static(by_arm: dict[str, list[TaskRun]], policies: tuple[str, ...]) -> list[str]:
+    """What a strategy order gives (static against none) apart from what selection or the whole history adds on
+    top of it (each memory arm against static): static holds the memory's ~100-token global order and nothing
+    else, so a claim for reading the memory is a claim against static."""
+    rows = [("static", "none")] + [(arm, "static") for arm in policies
+                                   if arm.partition("@")[0] in ("active", "passive") and arm in by_arm]
+    lines = ["## The order and the reading: against none, and against static", "",
+             "Static reads only the memory's global strategy order; `static - none` is what that order gives, and "
+             "each memory arm against static is what reading the memory adds on top of it. Sign-flip p, "
+             "uncorrected (the pre-registered comparison is the primary above).", "",
+             "| comparison | difference in the primary metric (95% CI) | pairs | p (sign-flip) |",
+             "| --- | --- | --- | --- |"]
+    for a, b in rows:
+        if a not in by_arm or b not in by_arm:
+            continue
+        cmp = paired(by_arm, a, b, area_under_best)
+        p = sign_flip_p(paired_differences(by_arm, a, b, area_under_best))
+        lines.append(f"| {a} - {b} | {cmp.mean:+.3f} ({cmp.low:+.3f} to {cmp.high:+.3f}) | {cmp.pairs} | {p:.3f} |")
+    return lines
+
+
+AA_SD_GOAL = 0.05  # the A/A's paired SD on the primary metric that leaves the effect of interest visible
+
+
 def aa_control(by_arm: dict[str, list[TaskRun]], policies: tuple[str, ...],
                to90: Callable[[TaskRun], float]) -> list[str]:
-    """The A/A arm (passive's reads, static's choices) against static: both metrics must tie."""
+    """The A/A arm (passive's reads, static's choices) against static: its paired SD on the primary metric, and
+    an equivalence test (two one-sided, as a 90% bootstrap CI inside +-the effect of interest): a CI that contains
+    0 is not evidence of a tie; one inside the margin is."""
     aa = next((arm for arm in policies if arm.startswith("aa@")), None)
     if aa is None or aa not in by_arm or "static" not in by_arm:
         return []
+    diffs = paired_differences(by_arm, aa, "static", area_under_best)
     auc = paired(by_arm, aa, "static", area_under_best)
     att = paired(by_arm, aa, "static", to90)
-    tied = auc.low <= 0 <= auc.high and att.low <= 0 <= att.high
+    low, high = bootstrap_interval(diffs, 0.90)
+    equivalent = low > -EFFECT_OF_INTEREST and high < EFFECT_OF_INTEREST
+    sd = statistics.stdev(diffs) if len(diffs) > 1 else float("nan")
     same = sum(r.strategies == s.strategies for r in by_arm[aa] for s in by_arm["static"]
                if (r.task_id, r.seed) == (s.task_id, s.seed))
+    verdict = (f"**Too few pairs to judge** (fewer than {AA_MIN_PAIRS})." if auc.pairs < AA_MIN_PAIRS else
+               f"**Equivalent to static** within +-{EFFECT_OF_INTEREST:.3f} (the 90% CI lies inside the margin)."
+               if equivalent else
+               "**Not shown equivalent to static**: the protocol's noise or a bias between arms is as large as "
+               "the effect of interest; read every comparison with that in mind.")
     return ["## A/A control", "",
             f"`{aa}` reads what passive reads and chooses what static chooses. Against `static`: primary "
-            f"{auc.mean:+.3f} ({auc.low:+.3f} to {auc.high:+.3f}), attempts to 90% {att.mean:+.2f} ({att.low:+.2f} to "
+            f"{auc.mean:+.3f} (95% CI {auc.low:+.3f} to {auc.high:+.3f}; 90% CI {low:+.3f} to {high:+.3f}), "
+            + (f"**paired SD {sd:.3f}**" if len(diffs) > 1 else "paired SD not estimable (one pair)")
+            + f" (goal <= {AA_SD_GOAL}), attempts to 90% {att.mean:+.2f} ({att.low:+.2f} to "
             f"{att.high:+.2f}), {auc.pairs} pairs; the same strategies in the same order in {same} of {auc.pairs}. "
-            + (f"**Too few pairs to judge** (fewer than {AA_MIN_PAIRS})." if auc.pairs < AA_MIN_PAIRS else
-               "**It tied static**: no bias between arms is visible at this size." if tied else
-               "**It did not tie static**: the protocol favours one arm; read every comparison with that in mind.")]
+            + verdict]
 
 
 def verdict_counts(by_arm: dict[str, list[TaskRun]], policies: tuple[str, ...]) -> list[str]:

@@ -44,6 +44,12 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--context-window", type=int, default=32_000,
                        help="llm: the window of the controls (none, static, oracle); the memory arms use their own "
                             "(--windows) (default 32000)")
+    bench.add_argument("--max-tokens", type=int, metavar="N",
+                       help="llm: the token budget (prompt and completion, by the endpoint's usage): a run whose "
+                            "estimate is larger does not start, and a run stops between tasks once it has spent N "
+                            "(--resume goes on)")
+    bench.add_argument("--estimate", action="store_true",
+                       help="llm: print the estimated prompt tokens per arm for this configuration and exit")
     bench.add_argument("--timeout", type=float, default=None,
                        help="llm: seconds to wait for an answer, plus 2 s per 1k prompt tokens (default 60)")
 
@@ -93,12 +99,24 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return 0
     agent = None
     if args.agent == "llm":
+        from kope_mcp.bench.config import CONFIG_FILE, load_config
         from kope_mcp.bench.llm import LlmSettings
         from kope_mcp.bench.llm_episode import llm_agent
+        from kope_mcp.bench.runner import planned_estimate
 
+        if args.resume and (Path(args.resume) / CONFIG_FILE).is_file():
+            config = load_config(Path(args.resume))
+        cost = planned_estimate(config, args.context_window)
+        print("\n".join(cost.lines()), file=sys.stderr)
+        if args.estimate:
+            return 0
         if not args.base_url or not args.model:
             print("error: --agent llm needs --base-url (an OpenAI-compatible API root, e.g. "
                   "http://127.0.0.1:8000/v1) and --model", file=sys.stderr)
+            return 2
+        if args.max_tokens is not None and not args.resume and cost.total > args.max_tokens:
+            print(f"error: the estimate ({cost.total:,} prompt tokens) is over --max-tokens {args.max_tokens:,}: "
+                  "raise it, or run less (--quick, --held-per-family, --memory-sizes, --windows)", file=sys.stderr)
             return 2
         agent = llm_agent(LlmSettings(base_url=args.base_url, model=args.model, context_window=args.context_window,
                                       api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
@@ -111,6 +129,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
                   "by this version)", file=sys.stderr)
             return 2
         config = load_config(Path(args.resume))
+    if args.max_tokens is not None:
+        config.max_tokens = args.max_tokens
     from kope_mcp.bench.llm import endpoint_failure
 
     try:

@@ -18,6 +18,7 @@ from kope_mcp.bench.agent import TaskRun, arms
 from kope_mcp.bench.transcript import WINDOWS
 
 QUICK_FAMILIES = ("activation", "reduction", "normalization")
+MEMORYLESS = ("none", "oracle")  # arms that read no memory: run once, on the largest, and shown at every size
 
 
 @dataclass
@@ -39,6 +40,12 @@ class BenchConfig:
     sized_windows: tuple[int, ...] | None = None  # windows whose arms also run at the cut sizes (None: all)
     catalogue_repeats: int = 3  # profiles of each contender for a task's best in the catalogue (median kept)
     judge_rounds: int = 3  # re-profiles of every arm's incumbents after each task (judge.py); 0: off
+    # Every arm keeps or rejects a candidate on one shared figure per distinct kernel (measure.py), profiled at
+    # `measure_profile_s` until its interval is within `measure_width`; False: each arm on its own profile
+    shared_measure: bool = True
+    measure_profile_s: float = 0.3
+    measure_width: float = 0.05
+    max_tokens: int | None = None  # --agent llm: the run stops before a task once the model has spent this many
     # task -> bytes its profiling size moves: when given, each family's held-out tasks are taken smallest first
     # (the seeded order breaks ties), so the full run fits its time; empty: the seeded order alone
     footprints: Mapping[str, float] = field(default_factory=dict)
@@ -68,6 +75,8 @@ class SeedResult:
     warmup_seconds: float = 0.0
     static_order: list[str] = field(default_factory=list)
     memory_attempts: dict[str, int] = field(default_factory=dict)  # size label -> attempts in that memory
+    # task -> kernel key -> the judge's figure in each pass (None: that pass failed): its own test-retest
+    judge_passes: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)
 
 
 CONFIG_FILE = "bench-config.json"
@@ -149,10 +158,11 @@ def first_per_family(task_ids: list[str], tasks: Mapping[str, str], n: int) -> l
     return kept
 
 
-def server_params(home: Path, config: BenchConfig, pin_one_core: bool = False) -> StdioServerParameters:
+def server_params(home: Path, config: BenchConfig, pin_one_core: bool = False,
+                  profile_s: float | None = None) -> StdioServerParameters:
     """A private `kope serve` on `home`; pinned to one core, its hardware key says `1c` (other hardware)."""
     home.mkdir(mode=0o700, parents=True, exist_ok=True)  # a home must be private (the server says so otherwise)
-    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_PROFILE_S": str(config.profile_s),
+    env = {**os.environ, "KOPE_HOME": str(home), "KOPE_PROFILE_S": str(profile_s or config.profile_s),
            "KOPE_EMBEDDINGS": "on" if config.embeddings else "off"}
     command = [sys.executable, "-m", "kope_mcp", "serve", "--no-daemon", "--log-level", "WARNING"]
     if pin_one_core:

@@ -11,7 +11,6 @@ profiles; a kernel whose every re-profile failed counts as the naive kernel (1.0
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,18 +18,16 @@ from typing import Any
 from mcp import Client
 
 from kope_mcp.bench.agent import TaskRun, call_tool
+from kope_mcp.bench.measure import kernel_key
 
 JUDGE_ROUNDS = 3
-
-
-def kernel_key(source: str, flags: list[str]) -> str:
-    return hashlib.sha256((source + "\0" + " ".join(flags)).encode()).hexdigest()[:16]
 
 
 @dataclass
 class Judgement:
     speedups: dict[str, float] = field(default_factory=dict)  # kernel key -> median re-profiled speedup
     failed: list[str] = field(default_factory=list)  # keys none of whose re-profiles gave a speedup
+    passes: dict[str, list[float | None]] = field(default_factory=dict)  # key -> each pass's figure (test-retest)
 
 
 async def judge_task(client: Client, task_id: str, runs: list[TaskRun], rounds: int = JUDGE_ROUNDS) -> Judgement:
@@ -56,6 +53,9 @@ async def judge_task(client: Client, task_id: str, runs: list[TaskRun], rounds: 
                                                       time_reference=False)
             if not profile.get("failure") and profile.get("speedup_vs_baseline") is not None:
                 figures[key].append(float(profile["speedup_vs_baseline"]))
+                judgement.passes.setdefault(key, []).append(round(float(profile["speedup_vs_baseline"]), 5))
+            else:
+                judgement.passes.setdefault(key, []).append(None)
     for key in kernels:
         if figures.get(key):
             judgement.speedups[key] = statistics.median(figures[key])

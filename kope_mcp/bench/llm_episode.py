@@ -20,8 +20,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp import Client
@@ -30,6 +29,9 @@ from kope_mcp.bench.agent import TaskRun, call_tool, parse_arm, read_history, sh
 from kope_mcp.bench.llm import ContextTooLong, LlmSettings, Usage, chat, openai_tools, parse_arguments
 from kope_mcp.bench.transcript import Transcript
 from kope_mcp.experience.tokens import count_tokens
+
+if TYPE_CHECKING:
+    from kope_mcp.bench.protocol import AgentFn
 
 SYSTEM = """You optimise kernels with the kope-mcp tools. Work in a loop: write a kernel, compile_kernel,
 run_tests, profile_kernel, then improve. Always pass the session_id you were given and the parent_id of the
@@ -42,10 +44,12 @@ FINISH = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
 MIN_WINDOW = 1000
 
-def llm_agent(settings: LlmSettings) -> Callable[..., Awaitable[TaskRun]]:
+def llm_agent(settings: LlmSettings) -> AgentFn:
     """The model as the protocol's agent (protocol.py calls it as it calls agent.run_task)."""
     async def work(client: Client, task_id: str, arm: str, budget: int, seed: int,
-                   ranking: list[str] | None = None) -> TaskRun:
+                   ranking: list[str] | None = None, measure: object = None) -> TaskRun:
+        # The model keeps what its own profiles tell it (the protocol unchanged): `measure` is the scripted
+        # agent's shared figure, which a model never sees.
         return await run_llm_arm(client, settings, task_id, arm, budget, seed, ranking)
     return work
 

@@ -16,26 +16,42 @@ incumbents in one interleaved pass (judge.py), and a stopped run resumes at the 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mcp import Client
 from mcp.types import Implementation
 
 from kope_mcp.bench.agent import TaskRun, parse_arm, read_history, run_task, static_order
 from kope_mcp.bench.catalogue import Catalogue, oracle_order
-from kope_mcp.bench.config import BenchConfig, Progress, SeedResult, one_core_warmup_tasks, plan, server_params
-from kope_mcp.bench.judge import judge_task
+from kope_mcp.bench.config import (
+    MEMORYLESS,
+    BenchConfig,
+    Progress,
+    SeedResult,
+    one_core_warmup_tasks,
+    plan,
+    server_params,
+)
+from kope_mcp.bench.cost import Meter
+from kope_mcp.bench.judge import judge_task, judged_curve
+from kope_mcp.bench.measure import MeasureConfig, SharedMeasure
 from kope_mcp.bench.memories import attempts_in, kope_memory, subsample_export
 
-MEMORYLESS = ("none", "oracle")
-# Who works a held-out task (agent.run_task, or llm_episode.llm_agent's model): the warm-up and the catalogue are
-# always the scripted agent's, so both agents start from the same memory.
-AgentFn = Callable[[Client, str, str, int, int, "list[str] | None"], Awaitable[TaskRun]]
+MEASURED = "measured.json"  # the run's shared figures (measure.py)
+
+
+class AgentFn(Protocol):
+    """Who works a held-out task (agent.run_task, or llm_episode.llm_agent's model): the warm-up and the catalogue
+    are always the scripted agent's, so both agents start from the same memory."""
+
+    async def __call__(self, client: Client, task_id: str, arm: str, budget: int, seed: int,
+                       ranking: list[str] | None = None, measure: SharedMeasure | None = None) -> TaskRun: ...
 
 
 def _line(label: str, i: int, n: int, run: TaskRun) -> str:
@@ -81,7 +97,8 @@ async def warm_memory(config: BenchConfig, warm: list[str], seed: int, home: Pat
 
 async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, progress: Progress,
                    catalogue: Catalogue | None = None, save: Callable[[SeedResult], None] | None = None,
-                   previous: SeedResult | None = None, agent: AgentFn = run_task) -> SeedResult:
+                   previous: SeedResult | None = None, agent: AgentFn = run_task,
+                   meter: Meter | None = None) -> SeedResult:
     """One seed; `save` is called with the partial result after every held-out task. With `previous` (the
     seed's partial result of a stopped run) a finished warm-up and finished tasks are kept, and the run goes on
     at the first task not finished by every arm."""
@@ -123,7 +140,7 @@ async def run_seed(config: BenchConfig, tasks: Mapping[str, str], seed: int, pro
                 save(result)
 
         await _interleaved(config, home, root / f"arms-{size}", held, seed, progress, arms, static, catalogue,
-                           size, result.sized_runs[size], keep, agent)
+                           size, result.sized_runs[size], keep, agent, result.judge_passes, meter)
         if n == 0:
             memoryless = {a: r for a, r in result.sized_runs[size].items() if a in MEMORYLESS}
         keep({a: r for a, r in result.sized_runs[size].items() if a in arms})
@@ -159,23 +176,31 @@ def _sized_homes(config: BenchConfig, root: Path, warm_home: Path, seed: int) ->
 async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, held: list[str], seed: int,
                        progress: Progress, arms: list[str], static: list[str], catalogue: Catalogue | None,
                        size: str, existing: dict[str, list[TaskRun]],
-                       keep: Callable[[dict[str, list[TaskRun]]], None], agent: AgentFn = run_task) -> None:
+                       keep: Callable[[dict[str, list[TaskRun]]], None], agent: AgentFn = run_task,
+                       passes: dict[str, dict[str, list[float | None]]] | None = None,
+                       meter: Meter | None = None) -> None:
     """Every arm works every held-out task, each (arm, task) from its own fresh copy of the memory: pairs are
     independent (no arm carries one held-out task's experience into the next), and a stopped run goes on at the
-    first task some arm did not finish. `keep` gets the runs after every finished task."""
+    first task some arm did not finish. `keep` gets the runs after every finished task. A task an arm could not
+    finish (a tool failed) is noted as not a result and the bench goes on; a resumed run works it again."""
+    passes = {} if passes is None else passes
     arms = [a for a in arms if a != "oracle" or catalogue is not None]
-    done = {t for t in held if all(any(r.task_id == t for r in existing.get(a, [])) for a in arms)}
+    done = {t for t in held
+            if all(any(r.task_id == t and not r.error for r in existing.get(a, [])) for a in arms)}
     runs: dict[str, list[TaskRun]] = {a: [r for r in existing.get(a, []) if r.task_id in done] for a in arms}
     if len(done) == len(held):
         return
     async with Client(server_params(arms_root / "judge", config),
-                      client_info=Implementation(name="bench-judge", version="1")) as judge:
+                      client_info=Implementation(name="bench-judge", version="1")) as judge, \
+            _shared_measure(config) as measure:
         for i, task_id in enumerate(held):
             if task_id in done:
                 continue
             rotated = arms[i % len(arms):] + arms[:i % len(arms)]
             for arm in rotated:
                 label = f"seed {seed} {arm}" + (f" [{size}]" if size != "all" else "")
+                if meter is not None:
+                    meter.check()  # BudgetSpent: the run stops between tasks, what finished is kept
                 progress.started(label, task_id)
                 policy, _ = parse_arm(arm)
                 ranking = static if policy in ("static", "aa") else \
@@ -184,19 +209,68 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
                 shutil.rmtree(home, ignore_errors=True)
                 shutil.copytree(memory_home, home,
                                 ignore=shutil.ignore_patterns("daemon", "memory-export.jsonl", "refcache"))
-                async with Client(server_params(home, config),
-                                  client_info=Implementation(name=f"bench-{arm}", version="1")) as client:
-                    run = await agent(client, task_id, arm, config.budget, seed, ranking)
+                try:
+                    async with Client(server_params(home, config),
+                                      client_info=Implementation(name=f"bench-{arm}", version="1")) as client:
+                        run = await agent(client, task_id, arm, config.budget, seed, ranking, measure)
+                except Exception as exc:
+                    run = failed_run(task_id, arm, seed, config.budget, exc)
+                    progress.note(f"seed {seed} {arm} {task_id}: FAILED, not a result ({run.error}); "
+                                  "`kope bench --resume` runs it again")
                 shutil.rmtree(home, ignore_errors=True)
+                if meter is not None:
+                    meter.add(run.prompt_tokens, run.completion_tokens)
                 runs[arm].append(run)
                 progress.finished(_line(label, i + 1, len(held), run))
-            if config.judge_rounds:
+            if config.judge_rounds and not any(runs[arm][-1].error for arm in arms):
                 progress.started(f"seed {seed} judge", task_id)
-                judged = await judge_task(judge, task_id, [runs[arm][-1] for arm in arms], config.judge_rounds)
-                progress.note(f"seed {seed} judge {task_id}: {len(judged.speedups)} kernels re-profiled "
-                              f"{config.judge_rounds}x interleaved" + (f", {len(judged.failed)} failed every time"
-                                                                        if judged.failed else ""))
+                try:
+                    judged = await judge_task(judge, task_id, [runs[arm][-1] for arm in arms], config.judge_rounds)
+                except Exception as exc:
+                    for arm in arms:
+                        runs[arm][-1].error = f"the judge failed: {_reason(exc)}"
+                    progress.note(f"seed {seed} judge {task_id}: FAILED ({_reason(exc)}); not a result")
+                else:
+                    passes[f"{task_id}@{size}"] = judged.passes
+                    progress.note(f"seed {seed} judge {task_id}: {len(judged.speedups)} kernels re-profiled "
+                                  f"{config.judge_rounds}x interleaved" +
+                                  (f", {len(judged.failed)} failed every time" if judged.failed else ""))
+            if measure is not None:
+                # Metrics read the figure every arm decided on, measured to a stated width; the judge's own
+                # passes are kept as its test-retest.
+                for run in (runs[arm][-1] for arm in arms):
+                    if not run.error:
+                        run.judged = judged_curve(run, measure.speedups(task_id, run.kept))
             keep(runs)
+
+
+@contextlib.asynccontextmanager
+async def _shared_measure(config: BenchConfig) -> AsyncIterator[SharedMeasure | None]:
+    """The run's shared measurer (measure.py): one server of its own for every seed and size, its figures kept in
+    the run's folder; None when the configuration decides on each arm's own profile."""
+    if not config.shared_measure:
+        yield None
+        return
+    async with Client(server_params(config.out / "measure-home", config, profile_s=config.measure_profile_s),
+                      client_info=Implementation(name="bench-measure", version="1")) as client:
+        yield SharedMeasure(client, config.out / MEASURED, MeasureConfig(width=config.measure_width))
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for what failed, from inside the task groups that wrap it."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+def failed_run(task_id: str, arm: str, seed: int, budget: int, exc: BaseException) -> TaskRun:
+    """The record of a run that stopped on a failure: not a result (metrics skip it), and re-run on resume. An
+    endpoint that refuses the model (its key, its address) stops the whole bench instead."""
+    from kope_mcp.bench.llm import endpoint_failure
+
+    if endpoint_failure(exc) is not None:
+        raise exc
+    return TaskRun(task_id=task_id, family="", policy=arm, seed=seed, budget=budget, error=_reason(exc))
 
 
 async def _static_order(home: Path, config: BenchConfig) -> list[str]:
@@ -207,7 +281,7 @@ async def _static_order(home: Path, config: BenchConfig) -> list[str]:
 
 def to_json(results: list[SeedResult]) -> list[dict[str, object]]:
     return [{"seed": r.seed, "warmup": r.warmup, "held_out": r.held_out, "warmup_seconds": r.warmup_seconds,
-             "static_order": r.static_order, "memory_attempts": r.memory_attempts,
+             "static_order": r.static_order, "memory_attempts": r.memory_attempts, "judge_passes": r.judge_passes,
              "runs": {p: [asdict(run) for run in runs] for p, runs in r.runs.items()},
              "sized_runs": {size: {p: [asdict(run) for run in runs] for p, runs in by_arm.items()}
                             for size, by_arm in r.sized_runs.items()}} for r in results]
@@ -220,4 +294,5 @@ def from_json(rows: list[dict[str, Any]]) -> list[SeedResult]:
     return [SeedResult(seed=r["seed"], warmup=r["warmup"], held_out=r["held_out"], runs=runs(r["runs"]),
                        sized_runs={size: runs(b) for size, b in r.get("sized_runs", {}).items()},
                        warmup_seconds=r.get("warmup_seconds", 0.0), static_order=r.get("static_order", []),
-                       memory_attempts=r.get("memory_attempts", {})) for r in rows]
+                       memory_attempts=r.get("memory_attempts", {}), judge_passes=r.get("judge_passes", {}))
+            for r in rows]

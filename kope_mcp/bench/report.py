@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kope_mcp.bench.agent import TaskRun, arms
-from kope_mcp.bench.analysis import aa_control, design_and_power, near_best, primary, verdict_counts
+from kope_mcp.bench.analysis import aa_control, design_and_power, near_best, over_static, primary, verdict_counts
 from kope_mcp.bench.config import SeedResult
 from kope_mcp.bench.metrics import (
     area_under_best,
@@ -20,6 +21,7 @@ from kope_mcp.bench.metrics import (
     paired,
     reach_at,
 )
+from kope_mcp.bench.noise import decisions_section, not_results, test_retest, without_failures
 
 
 @dataclass
@@ -37,10 +39,11 @@ def geomean(values: list[float]) -> float:
 
 def seed_figures(result: SeedResult) -> tuple[dict[str, PolicyFigures], float, int]:
     """Figures per policy, the paired memory-on (active) vs memory-off (none) speedup, intersection size."""
-    solved = [{r.task_id for r in runs if r.solved} for runs in result.runs.values()]
+    results_only = without_failures(result.runs)
+    solved = [{r.task_id for r in runs if r.solved} for runs in results_only.values()]
     common = set.intersection(*solved) if solved else set()
     figures: dict[str, PolicyFigures] = {}
-    for policy, runs in result.runs.items():
+    for policy, runs in results_only.items():
         firsts = [r.first_correct for r in runs if r.first_correct is not None]
         figures[policy] = PolicyFigures(
             pass_rate=statistics.fmean(map(first_attempt_correct, runs)) if runs else float("nan"),
@@ -49,7 +52,7 @@ def seed_figures(result: SeedResult) -> tuple[dict[str, PolicyFigures], float, i
             context_tokens=sum(r.context_tokens for r in runs),
             seconds=sum(r.seconds for r in runs),
         )
-    by_task = {p: {r.task_id: r.final for r in runs} for p, runs in result.runs.items()}
+    by_task = {p: {r.task_id: r.final for r in runs} for p, runs in results_only.items()}
     active = [arm for arm in by_task if arm.startswith("active")]
     # The widest window's active arm: the one least limited by the reader.
     arm = active[-1] if active else None
@@ -89,7 +92,8 @@ def catalogue_table(applies: dict[str, dict[str, int]], tasks_per_family: dict[s
 
 def markdown(results: list[SeedResult], budget: int, wall_s: float,
              catalogue: list[str] | None = None, policies: tuple[str, ...] = arms(),
-             catalogue_best: dict[str, float] | None = None) -> str:
+             catalogue_best: dict[str, float] | None = None, measured: Mapping[str, Any] | None = None,
+             skipped: Mapping[str, str] | None = None) -> str:
     per_seed = [seed_figures(r) for r in results]
     load = [x for r in results for runs in r.runs.values() for run in runs for x in run.load]
     every = [run for r in results for runs in r.runs.values() for run in runs]
@@ -110,6 +114,8 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float,
              f"wall time {wall_s / 60:.1f} min; 1-minute load average during attempts: median "
              f"{statistics.median(load) if load else 0:.2f}, max {max(load, default=0):.2f}.", "",
              *headline(results, budget, policies, catalogue_best or {}), "",
+             *decisions_section(_by_arm(results), measured or {}), "", *test_retest(results, measured), "",
+             *not_results(_by_arm(results, failures=True), skipped or {}), "",
              "## Speedups and tokens", "", "Mean ± standard deviation over seeds (min-max).", "",
              "| arm | correct at first attempt | geomean final speedup (judged, intersection) | attempts to first "
              "correct | context tokens read (total, real) | agent time (s) |", "| --- | --- | --- | --- | --- | --- |"]
@@ -126,7 +132,7 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float,
               f"({_spread([float(n) for n in sizes], '.0f')} tasks): geomean ratio {_spread(paired_ratio, '.3f')}.",
               "", "Judged incumbent speedup vs attempt number (geomean over held-out tasks, first seed):", "",
               "| attempt | " + " | ".join(policies) + " |", "| --- |" + " --- |" * len(policies)]
-    curves = {p: curve(results[0].runs.get(p, []), budget) for p in policies}
+    curves = {p: curve(without_failures(results[0].runs).get(p, []), budget) for p in policies}
     for k in range(budget):
         lines.append(f"| {k + 1} | " + " | ".join(f"{curves[p][k]:.2f}" for p in policies) + " |")
     if catalogue:
@@ -135,13 +141,14 @@ def markdown(results: list[SeedResult], budget: int, wall_s: float,
     return "\n".join(lines) + "\n"
 
 
-def _by_arm(results: list[SeedResult], size: str | None = None) -> dict[str, list[TaskRun]]:
+def _by_arm(results: list[SeedResult], size: str | None = None, failures: bool = False) -> dict[str, list[TaskRun]]:
+    """Every arm's runs (of one memory size; None: the largest); without `failures`, only the results."""
     by_arm: dict[str, list[TaskRun]] = {}
     for result in results:
         source = result.runs if size is None else result.sized_runs.get(size, {})
         for arm, runs in source.items():
             by_arm.setdefault(arm, []).extend(runs)
-    return by_arm
+    return by_arm if failures else without_failures(by_arm)
 
 
 def _best(results: list[SeedResult], catalogue_best: dict[str, float]) -> dict[str, float]:
@@ -164,7 +171,7 @@ def headline(results: list[SeedResult], budget: int, policies: tuple[str, ...],
         return near_best(best, cap)
 
     lines = [*design_and_power(by_arm, policies, to90(budget)), "", *primary(by_arm, policies), "",
-             *aa_control(by_arm, policies, to90(budget)), "",
+             *aa_control(by_arm, policies, to90(budget)), "", *over_static(by_arm, policies), "",
              "## Secondary: attempts until within 90% of the best known speedup (fewer is better)", "",
              "Best known per task: the measured catalogue's median best or the best judged incumbent of any arm, "
              "whichever is higher. A run that never got there counts budget + 1. Paired per (task, seed); 95% "
@@ -252,7 +259,7 @@ def plots(results: list[SeedResult], budget: int, out: Path, policies: tuple[str
         written.append(_memory_curve(results, budget, out, policies, sizes))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for policy in policies:
-        series = [curve(r.runs.get(policy, []), budget) for r in results]
+        series = [curve(without_failures(r.runs).get(policy, []), budget) for r in results]
         mean = [statistics.fmean(s[k] for s in series) for k in range(budget)]
         ax.plot(range(1, budget + 1), mean, marker="o", label=policy, color=colours[policy])
     ax.set_xlabel("attempt")

@@ -20,7 +20,8 @@ from kope_mcp.bench.config import (
     plan,
     save_config,
 )
-from kope_mcp.bench.protocol import MEMORYLESS, AgentFn, from_json, run_seed, to_json
+from kope_mcp.bench.cost import BudgetSpent, Estimate, Meter, estimate
+from kope_mcp.bench.protocol import MEASURED, MEMORYLESS, AgentFn, from_json, run_seed, to_json
 from kope_mcp.bench.report import catalogue_table, markdown, plots
 from kope_mcp.tasks.registry import TaskRegistry
 
@@ -80,6 +81,32 @@ def _catalogue(registry: TaskRegistry, config: BenchConfig) -> list[str]:
     return catalogue_table({f: dict(c) for f, c in applies.items()}, dict(sizes))
 
 
+SKIPPED = "skipped.json"  # task -> why the bench cannot use it
+
+
+def benchable(registry: TaskRegistry) -> tuple[dict[str, str], dict[str, str]]:
+    """({task_id: family} the scripted agent can work, {task_id: why not} for the rest). Its strategies rewrite
+    a C kernel, so a task needs a naive C baseline to start from (a KernelBench problem imported without one has
+    only its PyTorch reference); a task left out is named in the report, never a failure of the run."""
+    tasks: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    for task in registry.list():
+        if not (task.baseline_source or "").strip():
+            skipped[task.id] = "no naive C baseline to start from (an imported problem's reference is PyTorch)"
+        else:
+            tasks[task.id] = task.spec.family
+    return tasks, skipped
+
+
+def planned_estimate(config: BenchConfig, context_window: int) -> Estimate:
+    """The model's prompt tokens for this configuration (cost.py), over every seed's split."""
+    tasks, _ = benchable(TaskRegistry.default())
+    splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
+    warm, _ = splits[0]
+    one_core = len(one_core_warmup_tasks(config, tasks, warm)) if config.one_core_warmup else 0
+    return estimate(config, len(warm), one_core, sum(len(h) for _, h in splits), context_window)
+
+
 def task_runs(config: BenchConfig, tasks: Mapping[str, str], warm: list[str], held: list[str]) -> int:
     """Task runs of one seed: the warm-up passes (here and on one core), then every arm per memory size, `none`
     and `oracle` once."""
@@ -94,7 +121,8 @@ async def run_bench(config: BenchConfig, resume: bool = False, agent: AgentFn | 
     run (its bench-config.json, results.json and seed folders): what it finished is kept and the run goes on."""
     config.out.mkdir(parents=True, exist_ok=True)
     registry = TaskRegistry.default()
-    tasks = {t.id: t.spec.family for t in registry.list()}
+    tasks, skipped = benchable(registry)
+    (config.out / SKIPPED).write_text(json.dumps(skipped, indent=1))
     started = time.monotonic()
     results: list[SeedResult] = []
     previous: dict[int, SeedResult] = {}
@@ -114,12 +142,19 @@ async def run_bench(config: BenchConfig, resume: bool = False, agent: AgentFn | 
     splits = [plan(config, tasks, seed) for seed in range(config.seeds)]
     held_out = sorted({t for _, held in splits for t in held})
     progress = BarProgress(len(held_out) + sum(task_runs(config, tasks, warm, held) for warm, held in splits))
+    for task_id, reason in skipped.items():
+        progress.note(f"skipped {task_id}: {reason}")
+    meter = Meter(config.max_tokens, sum(r.prompt_tokens + r.completion_tokens for s in previous.values()
+                                         for by_arm in s.sized_runs.values() for runs in by_arm.values()
+                                         for r in runs))
     try:
         # The oracle's order and the floor of the best known speedups: measured first, on the held-out tasks.
         catalogue = await measure_catalogue(config, held_out, progress, config.catalogue_repeats)
         for seed in range(config.seeds):
             results.append(await run_seed(config, tasks, seed, progress, catalogue, save, previous.get(seed),
-                                          agent or run_task))
+                                          agent or run_task, meter))
+    except BudgetSpent as spent:
+        progress.note(str(spent))
     finally:
         progress.close()
     wall_path.write_text(f"{prior_wall + time.monotonic() - started:.0f}\n")
@@ -137,8 +172,11 @@ def write_report(config: BenchConfig, registry: TaskRegistry | None = None) -> P
     arms = tuple(dict.fromkeys(arm for r in results for arm in r.runs)) or config.arms
     budget = next((run.budget for r in results for runs in r.runs.values() for run in runs), config.budget)
     report = config.out / "report.md"
+    measured_path, skipped_path = config.out / MEASURED, config.out / SKIPPED
     text = markdown(results, budget, wall, _catalogue(registry or TaskRegistry.default(), config), arms,
-                    best_from_catalogue(catalogue))
+                    best_from_catalogue(catalogue),
+                    json.loads(measured_path.read_text()) if measured_path.exists() else {},
+                    json.loads(skipped_path.read_text()) if skipped_path.exists() else {})
     images = plots(results, budget, config.out, arms)
     report.write_text(text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in images) + "\n")
     return report

@@ -217,3 +217,13 @@ def test_kope_bench_agent_llm_without_an_endpoint_says_what_it_needs(capsys):
     assert kope_main(["bench", "--agent", "llm", "--quick"]) == 2
     assert "--base-url" in capsys.readouterr().err
 
+
+
+def test_the_estimate_is_printed_without_an_endpoint_and_a_budget_below_it_refuses_to_start(capsys):
+    assert kope_main(["bench", "--agent", "llm", "--quick", "--estimate"]) == 0
+    said = capsys.readouterr().err
+    assert said.startswith("estimate: ") and "passive@8k" in said and "active@8k" in said
+    total = int(said.split()[1].replace(",", ""))
+    assert kope_main(["bench", "--agent", "llm", "--quick", "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+                      "--max-tokens", str(total // 2)]) == 2
+    assert f"is over --max-tokens {total // 2:,}" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The bench's pieces without servers: the split, the reader's evidence, the static order, the report."""
 
 import json
+import shutil
 
 from kope_mcp.bench.agent import TaskRun, evidence, static_order
 from kope_mcp.bench.config import BenchConfig, SeedResult, one_core_warmup_tasks, plan, split
@@ -127,3 +128,20 @@ def test_a_report_of_a_stopped_run_says_which_memory_sizes_are_unfinished():
         markdown([result], 2, 60.0, None, arms)
     done = SeedResult(seed=0, warmup=["w"], held_out=["t0", "t1"], runs=full, sized_runs={"all": full})
     assert "Partial run" not in markdown([done], 2, 60.0, None, arms)
+
+
+def test_a_task_with_no_c_baseline_is_left_out_with_its_reason_and_the_rest_are_benched(tmp_path):
+    from kope_mcp.bench.runner import benchable
+    from kope_mcp.tasks.loader import BASELINE_FILE, TASK_FILE
+    from kope_mcp.tasks.registry import SUITE_DIR, TaskRegistry
+
+    for name, keep_baseline in (("relu", True), ("relu_imported", False)):
+        folder = tmp_path / name
+        shutil.copytree(SUITE_DIR / "relu", folder)
+        spec = folder / TASK_FILE
+        spec.write_text(spec.read_text().replace('id = "relu"', f'id = "{name}"'))
+        if not keep_baseline:  # as a KernelBench problem is imported: its PyTorch reference, no C
+            (folder / BASELINE_FILE).unlink()
+    tasks, skipped = benchable(TaskRegistry([tmp_path]))
+    assert tasks == {"relu": "activation"}
+    assert list(skipped) == ["relu_imported"] and "no naive C baseline" in skipped["relu_imported"]

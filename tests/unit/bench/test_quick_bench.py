@@ -34,8 +34,15 @@ def test_a_tiny_run_writes_the_report_the_plots_and_per_arm_results_at_two_memor
     assert all(0 < r["attempts"] <= 3 and len(r["best_by_attempt"]) == r["attempts"] for r in runs.values())
     # Every arm's incumbents were re-profiled by the judge: a judged curve as long as the run, from its kernels.
     assert all(len(r["judged"]) == r["attempts"] and r["kept"][0][0] == 0 for r in runs.values())
-    assert runs["aa@8k"]["strategies"] == runs["static"]["strategies"] or runs["aa@8k"]["outcomes"] != \
-        runs["static"]["outcomes"]  # A/A: static's choices, unless an outcome differed on the way
+    # Every arm decided on one shared figure per kernel: the A/A arm makes static's choices exactly, and no two
+    # arms decided one kernel on different figures.
+    assert runs["aa@8k"]["strategies"] == runs["static"]["strategies"]
+    assert runs["aa@8k"]["judged"] == runs["static"]["judged"]
+    assert all(len(r["decisions"]) <= r["attempts"] for r in runs.values())
+    measured = json.loads((config.out / "measured.json").read_text())
+    assert {d[1] for r in runs.values() for d in r["decisions"]} <= set(measured)
+    assert "pairs decided on different figures: 0**" in text and "Against `static`: primary +0.000" in text
+    assert "## Test-retest" in text or not seed["judge_passes"]
     assert all(len(r["load"]) == r["attempts"] for r in runs.values())
     catalogue = json.loads((config.out / "catalogue.json").read_text())
     assert set(catalogue) == set(seed["held_out"]) and catalogue[seed["held_out"][0]]
