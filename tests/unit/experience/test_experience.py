@@ -119,10 +119,15 @@ def test_on_a_machine_with_no_history_wins_measured_elsewhere_are_offered_as_unt
     here = workbench.store.attempt(ids["fast"]).hardware_key
     answer = service.query_experience("first run on this box: what is worth trying?", task_id="sum_reduce",
                                       hardware="x86_64/Some New CPU/96c/avx512f", token_budget=2000)
-    by_id = {i.id: i for i in answer.items}
-    assert ids["fast"] in by_id and by_id[ids["fast"]].tier == "cold"
-    assert "other hardware, untested here: effective" in answer.context
-    assert f"[measured on {here}, untested here: verified, effective" in answer.context
+    # The win comes as its case or as the verified lesson on it (one of the two is kept: which ranks higher
+    # depends on how tight the win's CI came out, so on the machine's load); either way as untested here.
+    offered = [i for i in answer.items if i.id == ids["fast"] or
+               (i.kind == "lesson" and i.verified and i.strategy == ACCUMULATOR_STRATEGY)]
+    assert offered and all(i.tier == "cold" and i.label == "effective" for i in offered), answer.items
+    for item in offered:
+        said = answer.context[item.span[0]:item.span[1]]
+        assert ("other hardware, untested here: effective" if item.kind == "case" else
+                f"[measured on {here}, untested here: verified, effective") in said, said
 
 
 def test_a_correct_but_slow_session_gets_the_best_measured_strategies(world, workbench):
