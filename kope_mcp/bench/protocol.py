@@ -237,9 +237,10 @@ async def _interleaved(config: BenchConfig, memory_home: Path, arms_root: Path, 
                                   (f", {len(judged.failed)} failed every time" if judged.failed else ""))
             if measure is not None:
                 # Metrics read the figure every arm decided on, measured to a stated width; the judge's own
-                # passes are kept as its test-retest.
+                # passes are kept as its test-retest. A model decides on its own profiles (no decisions here):
+                # its curve stays the judge's.
                 for run in (runs[arm][-1] for arm in arms):
-                    if not run.error:
+                    if not run.error and run.decisions:
                         run.judged = judged_curve(run, measure.speedups(task_id, run.kept))
             keep(runs)
 
