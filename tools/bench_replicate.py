@@ -18,14 +18,14 @@ import statistics
 import sys
 from pathlib import Path
 
+from kope_mcp.bench.config import SeedResult
 from kope_mcp.bench.metrics import area_under_best
 from kope_mcp.bench.protocol import from_json
 
 
-def per_task(path: str, a: str, b: str) -> dict[str, float]:
-    rows = json.loads(Path(path).read_text())
+def per_task(results: list[SeedResult], a: str, b: str) -> dict[str, float]:
     out: dict[str, float] = {}
-    for result in from_json(rows):
+    for result in results:
         runs_b = {r.task_id: r for r in result.runs.get(b, [])}
         for r in result.runs.get(a, []):
             if r.task_id in runs_b and not r.error and not runs_b[r.task_id].error:
@@ -44,15 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("first")
     parser.add_argument("second")
     args = parser.parse_args(argv)
-    arms = {arm for path in (args.first, args.second) for r in json.loads(Path(path).read_text())
-            for arm in r["runs"]}
+    first, second = (from_json(json.loads(Path(path).read_text())) for path in (args.first, args.second))
+    arms = {arm for results in (first, second) for r in results for arm in r.runs}
     windows = sorted({arm.partition("@")[2] for arm in arms if arm.startswith("active@")},
                      key=lambda w: int(w.removesuffix("k")))
     comparisons = [(f"active@{w}", f"passive@{w}") for w in windows]
     comparisons += [("static", "none")] + [(aa, "static") for aa in sorted(a for a in arms if a.startswith("aa@"))]
     print(f"{'comparison':<28} {'first: mean (SD)':>20} {'second: mean (SD)':>20} {'tasks':>6} {'r':>6}")
     for a, b in comparisons:
-        one, two = per_task(args.first, a, b), per_task(args.second, a, b)
+        one, two = per_task(first, a, b), per_task(second, a, b)
         if not one or not two:
             continue
         both = sorted(set(one) & set(two))

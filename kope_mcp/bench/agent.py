@@ -31,7 +31,7 @@ from typing import Any
 from mcp import Client
 
 from kope_mcp.bench.candidates import BY_NAME, CHOICES, Kernel
-from kope_mcp.bench.measure import Figure, SharedMeasure, measurably_faster
+from kope_mcp.bench.measure import SharedMeasure, measurably_faster
 from kope_mcp.bench.tool_calls import call_tool
 from kope_mcp.bench.transcript import WINDOWS, Transcript
 
@@ -258,13 +258,14 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
         run.attempts += 1
         run.strategies.append(name)
         run.load.append(round(os.getloadavg()[0], 2))
-        shared: list[Figure] = []
         outcome, kernel_id, session_id, speedup = await attempt(client, task_id, candidate, name, session_id,
                                                                   parent_id, run.best_speedup, transcript,
-                                                                  run.verdicts, measure, shared)
-        if measure is not None and shared:
+                                                                  run.verdicts, measure)
+        figure = measure.known(task_id, candidate.source, candidate.flags) if measure is not None else None
+        # Decided on the shared figure: it passed here and was measured (a shared failure reads as incorrect).
+        if measure is not None and figure is not None and (outcome in ("faster", "correct") or figure.speedup is None):
             run.decisions.append([run.attempts, measure.key(task_id, candidate.source, candidate.flags),
-                                  shared[0].speedup, shared[0].low, outcome == "faster"])
+                                  figure.speedup, figure.low, outcome == "faster"])
         if run.hardware is None:
             run.hardware = transcript.hardware
         run.outcomes[outcome] = run.outcomes.get(outcome, 0) + 1
@@ -284,12 +285,12 @@ async def run_task(client: Client, task_id: str, arm: str, budget: int, seed: in
 
 async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, session_id: str | None,
                    parent_id: str | None, incumbent_speedup: float, transcript: Transcript | None = None,
-                   verdicts: dict[str, int] | None = None, measure: SharedMeasure | None = None,
-                   shared: list[Figure] | None = None) -> tuple[str, str, str, float | None]:
+                   verdicts: dict[str, int] | None = None,
+                   measure: SharedMeasure | None = None) -> tuple[str, str, str, float | None]:
     """compile -> test -> profile; "faster" means measurably faster than the incumbent (the lower end of the
     speedup's 95% CI above the incumbent's speedup), "correct" means passed but not better. With `measure` the
-    decision and the speedup are the kernel's shared figure's (appended to `shared`); the arm's own profile
-    only goes into its memory."""
+    decision and the speedup are the kernel's shared figure's; the arm's own profile only goes into its
+    memory."""
     args: dict[str, Any] = {"task_id": task_id, "source": kernel.source, "strategy": strategy,
                             "flags": list(kernel.flags), "agent": "scripted"}
     if session_id:
@@ -322,8 +323,6 @@ async def attempt(client: Client, task_id: str, kernel: Kernel, strategy: str, s
             verdicts["timing_unverified"] = verdicts.get("timing_unverified", 0) + 1
     if measure is not None:
         figure = await measure.figure(task_id, kernel.source, kernel.flags)
-        if shared is not None:
-            shared.append(figure)
         if figure.speedup is None:
             return ("correct" if figure.failure == "timing_unverified" else "incorrect"), kernel_id, session_id, None
         kept = measurably_faster(figure, incumbent_speedup)

@@ -20,6 +20,7 @@ from kope_mcp.bench.metrics import (
     attempts_to_near_best,
     bootstrap_interval,
     holm,
+    min_pairs_for,
     minimum_detectable,
     paired,
     paired_differences,
@@ -36,7 +37,7 @@ ATTEMPTS_OF_INTEREST = 1.0  # the secondary metric's
 
 def min_pairs(comparisons: int) -> int:
     """The fewest pairs with which a two-sided exact sign-flip test can reach alpha / comparisons."""
-    return math.ceil(math.log2(2 * max(1, comparisons) / ALPHA))
+    return min_pairs_for(ALPHA / max(1, comparisons))
 
 
 def windows_of(policies: tuple[str, ...]) -> list[str]:

@@ -97,15 +97,20 @@ def run_bench_command(args: argparse.Namespace) -> int:
         print(report.read_text())
         print(f"report: {report}")
         return 0
+    if args.resume:
+        from kope_mcp.bench.config import CONFIG_FILE, load_config
+
+        if not (Path(args.resume) / CONFIG_FILE).is_file():
+            print(f"error: {args.resume} holds no {CONFIG_FILE} (give the --out folder of a kope bench run started "
+                  "by this version)", file=sys.stderr)
+            return 2
+        config = load_config(Path(args.resume))
     agent = None
     if args.agent == "llm":
-        from kope_mcp.bench.config import CONFIG_FILE, load_config
         from kope_mcp.bench.llm import LlmSettings
         from kope_mcp.bench.llm_episode import llm_agent
         from kope_mcp.bench.runner import planned_estimate
 
-        if args.resume and (Path(args.resume) / CONFIG_FILE).is_file():
-            config = load_config(Path(args.resume))
         cost = planned_estimate(config, args.context_window)
         print("\n".join(cost.lines()), file=sys.stderr)
         if args.estimate:
@@ -121,14 +126,6 @@ def run_bench_command(args: argparse.Namespace) -> int:
         agent = llm_agent(LlmSettings(base_url=args.base_url, model=args.model, context_window=args.context_window,
                                       api_key=os.environ.get(args.api_key_env) if args.api_key_env else None,
                                       attempts=config.budget, timeout_s=args.timeout))
-    if args.resume:
-        from kope_mcp.bench.config import CONFIG_FILE, load_config
-
-        if not (Path(args.resume) / CONFIG_FILE).is_file():
-            print(f"error: {args.resume} holds no {CONFIG_FILE} (give the --out folder of a kope bench run started "
-                  "by this version)", file=sys.stderr)
-            return 2
-        config = load_config(Path(args.resume))
     if args.max_tokens is not None:
         config.max_tokens = args.max_tokens
     from kope_mcp.bench.llm import endpoint_failure

@@ -49,8 +49,12 @@ class Figure:
 
     @property
     def half_width(self) -> float:
-        """The interval's half-width, relative (0.05: within 5%)."""
-        return math.sqrt(self.high / self.low) - 1 if self.speedup and self.low > 0 else math.inf
+        return half_width(self.low, self.high) if self.speedup else math.inf
+
+
+def half_width(low: float, high: float) -> float:
+    """An interval's half-width on the log scale, relative (0.05: within 5% either way)."""
+    return math.sqrt(high / low) - 1 if low > 0 else math.inf
 
 
 def log_interval(figures: list[float]) -> tuple[float, float, float]:
@@ -119,7 +123,7 @@ class SharedMeasure:
         figures: list[float] = []
         suspects = 0
         failure: str | None = None
-        for n in range(1, self.config.max_profiles + 1):
+        for _ in range(self.config.max_profiles):
             profile: dict[str, Any] = await call_tool(self._client, "profile_kernel",
                                                       kernel_id=compiled["kernel_id"], time_reference=False)
             if profile.get("failure"):
@@ -129,10 +133,9 @@ class SharedMeasure:
                 continue
             figures.append(float(profile["speedup_vs_baseline"]))
             suspects += bool(profile.get("suspect"))
-            if n >= self.config.min_profiles and len(figures) >= 2:
-                _, low, high = log_interval(figures)
-                if math.sqrt(high / low) - 1 <= self.config.width:
-                    break
+            if len(figures) >= max(2, self.config.min_profiles) and \
+                    half_width(*log_interval(figures)[1:]) <= self.config.width:
+                break
         if not figures:
             return Figure(None, failure=failure or "timing_unverified")
         speedup, low, high = log_interval(figures)

@@ -168,7 +168,7 @@ def minimum_detectable(sd: float, pairs: int, comparisons: int, alpha: float = 0
     simulated (at 11 pairs and m = 4 it is 1.24 SD; the normal approximation said 1.01). inf where no result
     is possible with so few pairs."""
     level = alpha / max(1, comparisons)
-    if pairs < 2 or math.isnan(sd) or 2 / 2 ** pairs > level:
+    if pairs < max(2, min_pairs_for(level)) or math.isnan(sd):
         return float("inf")
     if pairs > SIMULATE_UP_TO:
         return _normal_mdd(sd, pairs, level, power)
@@ -185,9 +185,9 @@ def pairs_needed(sd: float, difference: float, comparisons: int, alpha: float = 
     """The fewest pairs with which the report's test detects `difference` (as :func:`minimum_detectable`)."""
     if difference <= 0 or math.isnan(sd):
         return 0
-    if sd == 0:
-        return min_pairs_for(alpha / max(1, comparisons))
     level = alpha / max(1, comparisons)
+    if sd == 0:
+        return min_pairs_for(level)
     guess = max(2, math.ceil((_normal_mdd(sd, 1, level, power) / difference) ** 2))
     if guess > SIMULATE_UP_TO:
         return guess

@@ -12,6 +12,7 @@ from typing import Any
 
 from kope_mcp.bench.agent import TaskRun
 from kope_mcp.bench.config import SeedResult
+from kope_mcp.bench.measure import Figure
 
 
 def split_decisions(by_arm: Mapping[str, list[TaskRun]]) -> tuple[int, int, int]:
@@ -40,8 +41,9 @@ def decisions_section(by_arm: Mapping[str, list[TaskRun]], measured: Mapping[str
     if not decided:
         return [*lines, "Every arm decided on its own profiles (no shared measurement in this run): the same "
                         "kernel can be kept by one arm and rejected by another on noise alone."]
-    halves = [math.sqrt(f["high"] / f["low"]) - 1 for f in measured.values() if f.get("speedup") and f.get("low")]
-    profiles = [len(f.get("figures") or []) for f in measured.values() if f.get("speedup")]
+    figures = [Figure(**f) for f in measured.values()]
+    halves = [f.half_width for f in figures if f.speedup]
+    profiles = [len(f.figures) for f in figures if f.speedup]
     lines += [f"Every arm kept or rejected a candidate on its kernel's shared figure (measure.py): "
               f"{len(measured)} distinct kernels measured once each for the whole run, "
               + (f"{statistics.median(profiles):.0f} profiles each (median), the interval's half-width a median "

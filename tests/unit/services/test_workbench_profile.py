@@ -52,10 +52,11 @@ def test_an_openmp_kernel_runs_on_every_core_and_the_report_says_so(workbench):
         assert any(f"kept {report.threads} CPUs busy" in w for w in report.warnings)
 
 
-def test_a_queued_profile_draws_its_inputs_only_once_it_holds_the_device(workbench, monkeypatch):
+def _tested_kernel_whose_draws_are_watched(workbench, monkeypatch, strategy: str) -> tuple[str, threading.Event]:
+    """A tested vector_add kernel, and an event set when a profile draws its input pool."""
     from kope_mcp.services import workbench as workbench_module
 
-    compiled = workbench.compile_kernel("vector_add", VECTOR_ADD_OK, strategy="plain loop")
+    compiled = workbench.compile_kernel("vector_add", VECTOR_ADD_OK, strategy=strategy)
     assert workbench.run_tests(compiled.kernel_id).passed
     drawn = threading.Event()
     real_draw = workbench_module.draw_profile_inputs
@@ -65,10 +66,15 @@ def test_a_queued_profile_draws_its_inputs_only_once_it_holds_the_device(workben
         return real_draw(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(workbench_module, "draw_profile_inputs", draw)
+    return compiled.kernel_id, drawn
+
+
+def test_a_queued_profile_draws_its_inputs_only_once_it_holds_the_device(workbench, monkeypatch):
+    kernel_id, drawn = _tested_kernel_whose_draws_are_watched(workbench, monkeypatch, "plain loop")
     reports: list[object] = []
     with workbench.measure_slot("c").hold("another client"):
         waiting = threading.Thread(target=lambda: reports.append(
-            workbench.profile_kernel(compiled.kernel_id, time_reference=False)))
+            workbench.profile_kernel(kernel_id, time_reference=False)))
         waiting.start()
         # Queued behind the other client: it holds no input pool (a pool is 0.6-1.2 GB for vector_add).
         assert not drawn.wait(timeout=1.5)
@@ -77,25 +83,15 @@ def test_a_queued_profile_draws_its_inputs_only_once_it_holds_the_device(workben
 
 
 def test_a_profile_waits_for_a_pool_turn_when_other_devices_profiles_hold_them(workbench, monkeypatch):
-    from kope_mcp.services import workbench as workbench_module
     from kope_mcp.services.turns import Turns
 
-    compiled = workbench.compile_kernel("vector_add", VECTOR_ADD_OK, strategy="plain loop, pool turn")
-    assert workbench.run_tests(compiled.kernel_id).passed
-    drawn = threading.Event()
-    real_draw = workbench_module.draw_profile_inputs
-
-    def draw(*args: object) -> object:
-        drawn.set()
-        return real_draw(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(workbench_module, "draw_profile_inputs", draw)
+    kernel_id, drawn = _tested_kernel_whose_draws_are_watched(workbench, monkeypatch, "plain loop, pool turn")
     monkeypatch.setattr(workbench, "profile_pools", Turns(1, "the wait to draw a profile's inputs"))
     said: list[str] = []
     reports: list[object] = []
     with workbench.profile_pools.turn():  # another device's profile holds the one pool allowed
         waiting = threading.Thread(target=lambda: reports.append(workbench.profile_kernel(
-            compiled.kernel_id, time_reference=False, progress=lambda p, t, m: said.append(m or ""))))
+            kernel_id, time_reference=False, progress=lambda p, t, m: said.append(m or ""))))
         waiting.start()
         # It holds its own device's slot, but draws nothing until a pool turn is free.
         assert not drawn.wait(timeout=1.5)
